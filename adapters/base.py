@@ -83,6 +83,19 @@ class RequestContext:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class EngineStats:
+    """The engine's own view, mapped from its metrics onto the gateway's names; None = not reported."""
+
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    kv_cache_usage_ratio: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    ttft_seconds_sum: float | None = None
+    ttft_seconds_count: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Health:
     ready: bool
@@ -152,6 +165,10 @@ class Adapter(abc.ABC):
 
     async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
         raise UnsupportedError(f"{self.engine} does not serve embeddings")
+
+    async def engine_stats(self) -> EngineStats | None:
+        """The engine's own metrics (queue, KV cache, tokens), polled by the gateway."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         """Facts for /v1/models and the start-up summary (context length, file, ...)."""
