@@ -339,7 +339,7 @@ def observe(payload: bytes, drop_usage: bool) -> StreamEvent:
     if not isinstance(obj, dict):
         return error_event(f"the engine sent a malformed stream event: {payload[:200]!r}", "upstream_malformed")
     choices = obj.get("choices")
-    if "error" in obj or obj.get("object") == "error":
+    if "error" in obj or obj.get("object") == "error" or (choices is None and "message" in obj and "usage" not in obj):
         status = obj.get("code") if isinstance(obj.get("code"), int) else 500
         return StreamEvent(orjson.dumps(normalise_error(status, obj)), is_error=True)
     usage = _usage(obj.get("usage"))
