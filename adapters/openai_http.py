@@ -362,9 +362,12 @@ def observe(payload: bytes, drop_usage: bool) -> StreamEvent:
     return StreamEvent(payload, has_content, usage, finish)
 
 
+_SMALL_BODY = 64 * 1024
+
+
 def extract_usage(body: bytes) -> Usage | None:
-    """Usage from a whole response, reading only the `usage` object when it can be found alone."""
-    at = body.rfind(b'"usage"')
+    """Usage from a whole response; in a large one (embeddings) only the `usage` object is parsed."""
+    at = body.rfind(b'"usage"') if len(body) > _SMALL_BODY else -1
     if at >= 0:
         start = body.find(b"{", at)
         if start >= 0:

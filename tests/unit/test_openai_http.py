@@ -143,3 +143,6 @@ def test_extract_usage() -> None:
     assert extract_usage(b'{"usage":{"prompt_tokens":7,"total_tokens":7},"data":[]}') == Usage(7, 0)
     assert extract_usage(b'{"choices":[]}') is None
     assert extract_usage(b"not json") is None
+    big = orjson.dumps({"object": "list", "data": [{"embedding": [0.125] * 20000}],
+                        "usage": {"prompt_tokens": 9, "total_tokens": 9}})
+    assert len(big) > 64 * 1024 and extract_usage(big) == Usage(9, 0)
