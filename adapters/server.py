@@ -99,7 +99,7 @@ class ServerAdapter(Adapter):
             stop_timeout=float(self.options.get("stop_timeout", 10.0)),
             restart=restart_policy_from(self.options),
             log_path=Path(self.options["log_dir"]) / f"{self.served}{suffix}.{self.engine}.log"
-            if self.options.get("log_dir") else engine_log_path(self.engine + suffix, self.served),
+            if self.options.get("log_dir") else engine_log_path(self.engine, self.served + suffix),
             uses_api_key=self.uses_api_key,
         )
 

@@ -25,6 +25,7 @@ import uvicorn
 
 from adapters.llama_server import LlamaServerAdapter, embedded_model_path, find_llama_server
 from adapters.process import free_port
+from gateway.api import engines as engines_api
 from gateway.app import create_app
 from gateway.config import ModelConfig, Settings
 from gateway.routing import Admission, Backend, ModelRegistry
@@ -64,6 +65,7 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
     models.add(Backend(model_id=MODEL, adapter=adapter, admission=Admission(4, 16)))
     settings = Settings()
     app = create_app(settings, Runtime(settings=settings, models=models))
+    app.include_router(engines_api.router)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve())
@@ -93,6 +95,15 @@ async def test_chat_stream_and_whole(gateway: Gateway) -> None:
                                                  stream_options={"include_usage": True})
     last = [chunk async for chunk in asked][-1]
     assert last.choices == [] and last.usage is not None and last.usage.completion_tokens == 8
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"{gateway.url}/metrics")).text
+        admin = (await http.get(f"{gateway.url}/admin/engines")).json()
+        logs = (await http.get(f"{gateway.url}/admin/engines/{MODEL}/logs", params={"lines": 500})).json()
+    # the engine's own counters, scraped from llama-server's /metrics, under the gateway's names
+    generated = re.search(r'^enginegate_engine_generation_tokens\{[^}]*model="smollm"[^}]*\} ([0-9.e+]+)$', metrics, re.M)
+    assert generated and float(generated.group(1)) >= 24, metrics
+    assert admin[MODEL]["engine"] == "llama_server" and admin[MODEL]["state"] == "ready"
+    assert any("llama_server: listening on" in line or "server is listening" in line for line in logs["lines"])
 
 
 async def test_completions_and_embeddings(gateway: Gateway) -> None:
