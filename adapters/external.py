@@ -90,9 +90,7 @@ class ExternalAdapter(Adapter):
         except (orjson.JSONDecodeError, AttributeError) as exc:
             raise EngineError(f"{self.relay.engine} sent a malformed model list", 502) from exc
 
-    async def start(self) -> None:
-        if not self._verify:
-            return
+    async def _check(self) -> None:
         models = await self._models()
         if models and self.upstream.model not in models:
             raise EngineError(
@@ -100,12 +98,16 @@ class ExternalAdapter(Adapter):
                 503, "model_not_found",
             )
 
+    async def start(self) -> None:
+        if self._verify:
+            await self._check()
+
     async def stop(self) -> None:
         await self.relay.aclose()
 
     async def health(self) -> Health:
         try:
-            await self._models()
+            await self._check()
         except Exception as exc:  # noqa: BLE001 - health reports any failure as text
             return Health(False, str(exc))
         return Health(True, self.upstream.base_url)
