@@ -57,6 +57,7 @@ def _api_key(options: Mapping[str, Any]) -> str | None:
 
 class ExternalAdapter(Adapter):
     engine: ClassVar[str] = "openai"
+    local_weights: ClassVar[bool] = False  # nothing to resolve or plan: the model lives upstream
     capabilities: ClassVar[Capabilities] = Capabilities(
         chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True,
     )
