@@ -221,7 +221,7 @@ async def send(session: aiohttp.ClientSession, target: Target, request: BenchReq
         result.error, result.detail = "timeout", f"no answer within {target.timeout_s}s (read {target.read_timeout_s}s)"
     except aiohttp.ClientConnectorError as exc:
         result.error, result.detail = "connect_error", str(exc)[:200]
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
         result.error, result.detail = "disconnected", str(exc)[:200] or type(exc).__name__
     except aiohttp.ClientError as exc:
         result.error, result.detail = "client_error", f"{type(exc).__name__}: {exc}"[:200]
