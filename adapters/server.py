@@ -157,7 +157,8 @@ class ServerAdapter(Adapter):
         except EngineError as exc:
             # Refused before anything was sent, by an engine that just died: the supervisor is
             # restarting it, so wait for that and retry once instead of failing the request.
-            if exc.code != "engine_unreachable" or not process.exited():
+            # (A dying process closes its sockets a moment before its exit can be seen.)
+            if exc.code != "engine_unreachable" or not await self._died(process):
                 raise
         endpoint = process.endpoint
         deadline = asyncio.get_running_loop().time() + self.ready_wait
@@ -167,6 +168,18 @@ class ServerAdapter(Adapter):
                 break
             await process.wait_changed(left)
         return await self.relay.forward(await self._upstream(process), path, body, ctx)
+
+    @staticmethod
+    async def _died(process: ManagedProcess, grace: float = 1.0) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while not process.exited():
+            if process.state is not ProcessState.READY:
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     async def chat(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         return await self._forward(ROUTES["chat"], body, ctx)
