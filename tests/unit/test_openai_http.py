@@ -4,14 +4,10 @@ import orjson
 import pytest
 
 from adapters.base import ClientRequestError, EngineError, Usage
-from adapters.openai_http import (
-    SSEParser,
-    error_exception,
-    extract_usage,
-    forward_headers,
-    normalise_error,
-    observe,
-)
+from adapters.observe import extract_usage, observe
+from adapters.openai_http import forward_headers
+from adapters.sse import SSEParser
+from adapters.upstream_errors import error_exception, normalise_error
 
 CHUNK = b'{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}'
 
