@@ -29,7 +29,7 @@ PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse kee
 async def one(client: openai.AsyncOpenAI, tokens: int) -> tuple[float, int]:
     started = time.perf_counter()
     stream = await client.chat.completions.create(model="smollm", messages=PROMPT, max_tokens=tokens, stream=True,
-                                                  stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+                                                  stream_options={"include_usage": True}, extra_body={"ignore_eos": True, "cache_prompt": False})
     first = None
     produced = 0
     async for chunk in stream:
