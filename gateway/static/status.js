@@ -50,6 +50,30 @@ function why(modelId) {
   return [plan.rule, ...reasons].filter(Boolean).join("; ");
 }
 
+// One row per top-level part of the snapshot; nested values shown as "key: value" pairs.
+function flat(value) {
+  if (value === null || value === undefined) return "unknown";
+  if (Array.isArray(value)) return value.length ? value.map(flat).join(", ") : "none";
+  if (typeof value === "object") {
+    return Object.entries(value).map(([k, v]) => k + ": " + (k.endsWith("_bytes") && typeof v === "number" ? (v / 2 ** 30).toFixed(1) + " GiB" : flat(v))).join(" · ");
+  }
+  return String(value);
+}
+
+function renderHardware(hardware) {
+  $("hardware-json").textContent = JSON.stringify(hardware, null, 2);
+  const rows = Object.entries(hardware || {}).map(([key, value]) => {
+    const tr = document.createElement("tr");
+    const th = document.createElement("th");
+    th.textContent = key;
+    const td = document.createElement("td");
+    td.textContent = flat(value);
+    tr.append(th, td);
+    return tr;
+  });
+  $("hardware").replaceChildren(...rows);
+}
+
 function renderModels(stats, ready) {
   const rows = [];
   for (const [id, m] of Object.entries(stats.models)) {
@@ -73,7 +97,7 @@ async function tick() {
     if (plans === null) {
       const plan = await getJSON("/v1/gateway/plan");
       plans = plan.body.plans || {};
-      $("hardware").textContent = JSON.stringify(plan.body.hardware, null, 2);
+      renderHardware(plan.body.hardware);
     }
     const [ready, stats] = await Promise.all([getJSON("/ready"), getJSON("/v1/gateway/stats")]);
     $("overall").textContent = ready.body.status === "ready" ? "ready" : "not ready";
