@@ -17,12 +17,14 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from conftest import REPO, Gateway, free_port, send_traffic, stop
+from tests.gateway_process import REPO_ROOT as REPO
+from tests.gateway_process import RunningGateway as Gateway
+from tests.integration.obs.conftest import METRICS_KEY
+from tests.integration.obs.support import free_port, send_traffic, stop
 
 PROMETHEUS = shutil.which("prometheus")
 DEPLOY = REPO / "deploy"
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
-METRICS_KEY = "metrics-key-for-test"
 # Grafana's variables as a dashboard with "All" selected sends them; a window wide enough to hold the test's traffic.
 SUBSTITUTIONS = {"$__rate_interval": "5m", "$__interval": "5s", "$model": ".*", "$engine": ".*"}
 GUARD_S = 180.0  # hang guard for waits on Prometheus, not a performance assertion

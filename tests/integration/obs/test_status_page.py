@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Gateway, send_traffic
+from tests.gateway_process import RunningGateway as Gateway
+from tests.integration.obs.support import send_traffic
 
 CHROMIUM = os.environ.get("ENGINEGATE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -25,7 +26,7 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def page(gateway: Gateway) -> Iterator[object]:
+def page(plain_gateway: Gateway) -> Iterator[object]:
     with playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
@@ -34,14 +35,14 @@ def page(gateway: Gateway) -> Iterator[object]:
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.on("requestfailed", lambda req: errors.append(f"request failed: {req.url}"))
-            page.goto(gateway.url + "/")
+            page.goto(plain_gateway.url + "/")
             yield page
             assert not errors, errors
         finally:
             browser.close()
 
 
-def test_page_shows_ready_model_engine_reason_and_hardware(page, gateway: Gateway) -> None:  # type: ignore[no-untyped-def]
+def test_page_shows_ready_model_engine_reason_and_hardware(page, plain_gateway: Gateway) -> None:  # type: ignore[no-untyped-def]
     page.wait_for_selector("#overall.ready")
     row = page.locator("#models tr").first
     row.locator("td[data-field=ready].ready").wait_for()
@@ -51,10 +52,10 @@ def test_page_shows_ready_model_engine_reason_and_hardware(page, gateway: Gatewa
     assert "architecture: " in page.inner_text("#hardware")  # the detected CPU, summarised
 
 
-def test_figures_change_after_traffic(page, gateway: Gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_figures_change_after_traffic(page, plain_gateway: Gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     page.wait_for_function("document.getElementById('total-requests').textContent !== '-'")
     before = {k: page.inner_text(f"#{k}") for k in ("total-requests", "total-tokens", "ttft")}
-    send_traffic(gateway.url)
+    send_traffic(plain_gateway.url)
     page.wait_for_function(
         "n => Number(document.getElementById('total-requests').textContent) > n", arg=float(before["total-requests"]))
     page.wait_for_function("document.getElementById('rps').textContent !== '-'")
