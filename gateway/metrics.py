@@ -252,14 +252,24 @@ class GatewayMetrics:
 def plan_labels(plan: Any, quantization: str | None = None) -> tuple[str, str]:
     """(rule, quantisation) from a Plan, read defensively: plans differ between planner versions."""
     rule = getattr(plan, "rule", None) or getattr(plan, "rule_id", None)
+    if not rule:  # the planner's candidates: the chosen one names the rule that picked it
+        engine = getattr(plan, "engine", None)
+        for candidate in getattr(plan, "candidates", None) or ():
+            if getattr(candidate, "status", None) == "chosen" and getattr(candidate, "engine", engine) == engine:
+                rule = getattr(candidate, "rule", None)
+                break
     if not rule:
         reasons = getattr(plan, "reasons", None) or ()
         rule = reasons[0] if reasons else None
+    spec = getattr(plan, "spec", None)
+    options = getattr(plan, "options", None) or {}
     quant = (
         quantization
         or getattr(plan, "quantization", None)
-        or getattr(getattr(plan, "spec", None), "quantization", None)
-        or (getattr(plan, "options", None) or {}).get("quantization")
+        or getattr(spec, "quant_type", None)
+        or getattr(spec, "quantization", None)
+        or options.get("quantization")
+        or options.get("quant_type")
     )
     return _bounded(rule), _bounded(quant)
 

@@ -33,7 +33,7 @@ async def refresh(m: GatewayMetrics, rt: Runtime) -> dict[str, bool]:
             backend.plan if backend.plan is not None else rt.plans.get(backend.model_id),
             slots=backend.admission.concurrency,
             max_queue=backend.admission.max_queue,
-            quantization=backend.info.get("quantization"),
+            quantization=backend.info.get("quantization") or backend.info.get("quant_type"),
         )
         m.queue_waiting.labels(backend.model_id).set(backend.admission.waiting)
         m.running.labels(backend.model_id).set(backend.admission.running)

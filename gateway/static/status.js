@@ -47,7 +47,9 @@ function why(modelId) {
   const plan = plans && plans[modelId];
   if (!plan) return "";
   const reasons = plan.reasons || [];
-  return [plan.rule, ...reasons].filter(Boolean).join("; ");
+  const chosen = (plan.candidates || []).find((c) => c.status === "chosen");
+  const rule = plan.rule || (chosen && chosen.rule);
+  return [rule ? "rule " + rule : null, ...reasons].filter(Boolean).join("; ");
 }
 
 // One row per top-level part of the snapshot; nested values shown as "key: value" pairs.

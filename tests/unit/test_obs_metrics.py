@@ -157,6 +157,10 @@ def test_plan_labels_read_defensively() -> None:
     assert plan_labels(None) == ("unknown", "unknown")
     assert plan_labels(SimpleNamespace(rule="cpu-small", reasons=("x",), options={"quantization": "q8_0"})) == ("cpu-small", "q8_0")
     assert plan_labels(SimpleNamespace(reasons=(), spec=SimpleNamespace(quantization="awq"))) == ("unknown", "awq")
+    chosen = SimpleNamespace(engine="vllm", rule="nvidia-datacenter", status="chosen")
+    other = SimpleNamespace(engine="sglang", rule="other-rule", status="available")
+    plan = SimpleNamespace(engine="vllm", reasons=("why",), candidates=(other, chosen), options={"quant_type": "AWQ"})
+    assert plan_labels(plan) == ("nvidia-datacenter", "AWQ")
     rule, _ = plan_labels(SimpleNamespace(reasons=("x" * 500,)))
     assert len(rule) == 120
 
