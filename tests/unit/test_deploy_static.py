@@ -137,10 +137,11 @@ def test_dockerfile_pins_bases_runs_unprivileged_and_checks_health(name: str) ->
     assert re.search(r"^HEALTHCHECK .*\n?.*/ready", text, re.M), f"{name}: no HEALTHCHECK on /ready"
     assert re.search(r"^EXPOSE 8000$", text, re.M)
     assert "ENGINEGATE_HOST=0.0.0.0" in text
-    for source in re.findall(r"^COPY (?!--from)(\S+) ", text, re.M):
-        assert (REPO / source).exists(), f"{name}: COPY of missing {source}"
     ignored = (REPO / ".dockerignore").read_text().split()
-    for source in re.findall(r"^COPY (?!--from)(\S+) ", text, re.M):
+    copies = [line.split()[1:-1] for line in re.findall(r"^COPY (?!--from).*$", text, re.M)]
+    assert copies
+    for source in (src for sources in copies for src in sources):
+        assert (REPO / source).exists(), f"{name}: COPY of missing {source}"
         assert source.split("/")[0] not in ignored, f"{name}: {source} is excluded by .dockerignore"
 
 
