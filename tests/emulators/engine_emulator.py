@@ -54,6 +54,7 @@ class Config:
     metrics: bool
     embedding_dim: int
     no_usage: bool
+    close_after_stream: bool
 
 
 class BadRequest(Exception):
@@ -478,6 +479,8 @@ class Emulator:
         await response.write(b"data: [DONE]" + style.separator)
         await response.write_eof()
         self.record(plan, start, first, end, n)
+        if cfg.close_after_stream and request.transport is not None:
+            request.transport.close()
         return response
 
 
@@ -505,6 +508,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--metrics", action="store_true", help="llamacpp: enable /metrics (other styles always)")
     p.add_argument("--embedding-dim", type=int, default=8)
     p.add_argument("--no-usage", action="store_true", help="never send usage (as some proxies and old servers)")
+    p.add_argument("--close-after-stream", action="store_true",
+                   help="close the connection after each stream without saying so (as llama-server was seen to)")
     a = p.parse_args(argv)
     if not 0.0 <= a.error_rate <= 1.0:
         p.error("--error-rate must be within [0, 1]")
@@ -519,7 +524,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     return Config(a.style, a.host, port, a.model, a.tokens, a.max_model_len, a.api_key, a.startup_delay,
                   a.ttft_ms / 1000.0, a.itl_ms / 1000.0, a.crash_after_tokens, a.stall_after_tokens,
                   a.malformed_after_tokens, a.error_after_tokens, a.error_rate, a.seed, a.fail_status,
-                  a.parallel, a.metrics, a.embedding_dim, a.no_usage)
+                  a.parallel, a.metrics, a.embedding_dim, a.no_usage,
+                  a.close_after_stream)
 
 
 def announce(message: str) -> None:
