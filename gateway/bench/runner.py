@@ -91,7 +91,8 @@ async def run_bench(plan: BenchPlan, counter: Counter | None = None,
     t0 = time.perf_counter()
     ceiling = None
     if plan.ceiling:
-        ceiling = await measure_ceiling(max(1, min(64, _connections(plan) or 64)))
+        # the same answer length as the workload, so that the per-request cost compares like with like
+        ceiling = await measure_ceiling(max(1, min(64, _connections(plan) or 64)), tokens=plan.source.output_len.mean)
     result = BenchResult(plan, {t.name: [] for t in plan.targets}, ceiling)
     if ceiling is not None and not ceiling.client_bound:
         result.warnings.append(
