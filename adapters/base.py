@@ -64,6 +64,8 @@ class StreamEvent:
     The other fields are what the gateway observes for metrics; they never change `data`.
     `has_content` marks an event that carries generated text (or a tool call), so the first
     one times TTFT. `usage` is set on the event that reports the final counts.
+    An event whose `data` is empty is observed only, never sent: a relay uses it for the
+    usage chunk it asked the engine for when the client did not ask for include_usage.
     """
 
     data: bytes

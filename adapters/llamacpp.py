@@ -1,0 +1,441 @@
+"""llama.cpp in-process through llama-cpp-python.
+
+Concurrency rule: a `Llama` object is neither thread-safe nor re-entrant, so each instance
+owns a single worker thread and every call on it runs there, one at a time; nothing blocks
+the event loop. Streams are fed from that thread through `call_soon_threadsafe`; closing a
+stream sets a flag the thread checks after every token, so generation stops within a token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import orjson
+
+from adapters.base import (
+    Adapter,
+    Capabilities,
+    Completion,
+    EngineError,
+    EngineStats,
+    Health,
+    RequestContext,
+    StreamEvent,
+    UnsupportedError,
+    Usage,
+)
+from gateway.config import ModelConfig
+
+log = logging.getLogger("enginegate.llamacpp")
+
+# OpenAI field -> llama-cpp-python keyword, for fields passed through unchanged.
+SAMPLING_FIELDS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty")
+# llama.cpp extras that OpenAI-compatible clients send in the body (vLLM and llama-server accept them too).
+EXTRA_FIELDS = ("top_k", "min_p", "repeat_penalty", "typical_p", "mirostat_mode", "mirostat_tau", "mirostat_eta")
+OPENAI_DEFAULT_TEMPERATURE = 1.0
+OPENAI_DEFAULT_TOP_P = 1.0
+
+_END = object()
+
+
+class _TokenCounter:
+    """A llama-cpp-python logits processor: counts sampled tokens, notes the prompt length and
+    applies `logit_bias`. (llama-cpp-python 0.3.x drops every logits processor when it is given
+    both `logit_bias` and a processor list: `list.extend` returns None there.)
+
+    Its first call comes when the prompt is evaluated and the first token is about to be sampled:
+    the engine-side time to first token, measured from the request's submission (executor wait included).
+    """
+
+    def __init__(self, logit_bias: dict[int, float] | None = None) -> None:
+        self.prompt_tokens: int | None = None
+        self.sampled = 0
+        self.submitted_at = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.bias_ids = np.array(list(logit_bias), dtype=np.intc) if logit_bias else None
+        self.bias_values = np.array(list(logit_bias.values()), dtype=np.single) if logit_bias else None
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        if self.prompt_tokens is None:
+            self.prompt_tokens = len(input_ids)
+            self.first_token_at = time.perf_counter()
+        self.sampled += 1
+        if self.bias_ids is not None:
+            scores = scores.copy()
+            scores[self.bias_ids] += self.bias_values
+        return scores
+
+
+class LlamaCppAdapter(Adapter):
+    engine = "llamacpp"
+    capabilities = Capabilities(
+        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=False
+    )
+
+    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
+        self.model = model
+        self.path = str(model.source)
+        self.n_ctx = int(options.get("context_length") or model.context_length or 4096)
+        self.n_threads = int(options.get("threads") or model.threads or os.cpu_count() or 1)
+        self.n_gpu_layers = int(options.get("gpu_layers", model.gpu_layers) or 0)
+        self.chat_format = model.chat_format
+        self.extra = dict(model.options)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{model.name or 'model'}")
+        self._embed_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp-embed")
+        self._llm: Any = None
+        self._embedder: Any = None
+        self._embed_lock = asyncio.Lock()
+        self._stats = EngineStats(
+            requests_running=0, requests_waiting=0, prompt_tokens_total=0, generation_tokens_total=0,
+            ttft_seconds_sum=0.0, ttft_seconds_count=0,
+        )
+        self._stats_lock = threading.Lock()
+        self._started = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _load(self, embedding: bool = False) -> Any:
+        try:
+            from llama_cpp import LLAMA_POOLING_TYPE_MEAN, Llama
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise EngineError(
+                "llama-cpp-python is not installed: run `make setup` (it builds llama.cpp with flags safe "
+                "for this CPU), or `pip install 'enginegate[llamacpp]'`",
+                status=503,
+                code="engine_not_installed",
+            ) from exc
+        kwargs: dict[str, Any] = {
+            "model_path": self.path,
+            "n_ctx": self.n_ctx,
+            "n_threads": self.n_threads,
+            "n_threads_batch": self.n_threads,
+            "n_gpu_layers": self.n_gpu_layers,
+            "verbose": False,
+        }
+        if embedding:
+            kwargs.update(embedding=True, pooling_type=LLAMA_POOLING_TYPE_MEAN)
+        elif self.chat_format:
+            kwargs["chat_format"] = self.chat_format
+        kwargs.update(self.extra.get("llama_kwargs", {}))
+        return Llama(**kwargs)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self._llm = await loop.run_in_executor(self._executor, self._load)
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"llama.cpp could not load {self.path}: {exc}", status=503) from exc
+        self._started = True
+
+    async def stop(self) -> None:
+        self._started = False
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._embed_executor.shutdown(wait=True, cancel_futures=True)
+        for llm in (self._llm, self._embedder):
+            if llm is not None:
+                llm.close()
+        self._llm = self._embedder = None
+
+    async def health(self) -> Health:
+        return Health(ready=self._started and self._llm is not None, detail="" if self._started else "not loaded")
+
+    async def engine_stats(self) -> EngineStats:
+        with self._stats_lock:
+            stats = dataclasses.replace(self._stats)
+        llm = self._llm
+        if llm is not None:  # one sequence: the KV cache holds the tokens of the current context
+            stats.kv_cache_usage_ratio = min(1.0, llm.n_tokens / max(1, self.n_ctx))
+        return stats
+
+    def describe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"path": self.path, "context_length": self.n_ctx, "threads": self.n_threads}
+        if self._llm is not None:
+            info["trained_context_length"] = self._llm._model.n_ctx_train()
+            info["embedding_length"] = self._llm.n_embd()
+        return info
+
+    # -- request translation ----------------------------------------------------------------
+
+    def _sampling(self, body: dict[str, Any]) -> dict[str, Any]:
+        if (body.get("n") or 1) > 1:
+            raise UnsupportedError("n > 1 is not supported by the llamacpp engine: send n separate requests", "n")
+        if body.get("logprobs") or body.get("top_logprobs"):
+            raise UnsupportedError("logprobs are not supported by the in-process llamacpp engine", "logprobs")
+        kwargs: dict[str, Any] = {k: body[k] for k in (*SAMPLING_FIELDS, *EXTRA_FIELDS) if body.get(k) is not None}
+        kwargs.setdefault("temperature", OPENAI_DEFAULT_TEMPERATURE)
+        kwargs.setdefault("top_p", OPENAI_DEFAULT_TOP_P)
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        kwargs["max_tokens"] = int(limit) if limit else None  # None: until the context is full
+        return kwargs
+
+    def _counter(self, body: dict[str, Any]) -> _TokenCounter:
+        raw = body.get("logit_bias")
+        if not raw:
+            return _TokenCounter()
+        try:
+            bias = {int(k): max(-100.0, min(100.0, float(v))) for k, v in raw.items()}
+        except (TypeError, ValueError) as exc:
+            raise UnsupportedError("logit_bias keys must be token ids and values numbers", "logit_bias") from exc
+        n_vocab = self._llm.n_vocab() if self._llm is not None else 0
+        if any(not 0 <= k < n_vocab for k in bias):
+            raise UnsupportedError(f"logit_bias token ids must be in [0, {n_vocab})", "logit_bias")
+        return _TokenCounter(bias)
+
+    @staticmethod
+    def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
+        fmt = body.get("response_format")
+        if not fmt or fmt.get("type") == "text":
+            return None
+        if fmt["type"] == "json_object":
+            schema = fmt.get("schema")
+            return {"type": "json_object", **({"schema": schema} if schema else {})}
+        schema = (fmt.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise UnsupportedError("response_format json_schema needs json_schema.schema", "response_format")
+        return {"type": "json_object", "schema": schema}
+
+    def _stamp(self, obj: dict[str, Any], ctx: RequestContext, prefix: str) -> dict[str, Any]:
+        obj["id"] = f"{prefix}-{ctx.request_id}"
+        obj["model"] = ctx.model
+        return obj
+
+    def _account(self, usage: Usage) -> None:
+        with self._stats_lock:
+            self._stats.prompt_tokens_total = (self._stats.prompt_tokens_total or 0) + usage.prompt_tokens
+
+    def _count_generated(self, n: int) -> None:
+        with self._stats_lock:
+            self._stats.generation_tokens_total = (self._stats.generation_tokens_total or 0) + n
+
+    def _finished(self, counter: _TokenCounter) -> None:
+        self._count_generated(counter.sampled)
+        if counter.first_token_at is not None:
+            with self._stats_lock:
+                self._stats.ttft_seconds_sum = (self._stats.ttft_seconds_sum or 0.0) + counter.first_token_at - counter.submitted_at
+                self._stats.ttft_seconds_count = (self._stats.ttft_seconds_count or 0) + 1
+
+    def _waiting(self, delta: int) -> None:
+        with self._stats_lock:
+            self._stats.requests_waiting = (self._stats.requests_waiting or 0) + delta
+
+    def _running(self, delta: int) -> None:
+        with self._stats_lock:
+            self._stats.requests_running = (self._stats.requests_running or 0) + delta
+
+    # -- operations -------------------------------------------------------------------------
+
+    async def chat(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+        kwargs = self._sampling(body)
+        kwargs["messages"] = body["messages"]
+        fmt = self._response_format(body)
+        if fmt is not None:
+            kwargs["response_format"] = fmt
+        for key in ("tools", "tool_choice"):
+            if body.get(key) is not None:
+                kwargs[key] = body[key]
+        counter = self._counter(body)
+        if body.get("stream"):
+            return await self._stream(lambda: self._llm.create_chat_completion(
+                stream=True, logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl", "chat.completion.chunk")
+        return await self._complete(lambda: self._llm.create_chat_completion(
+            logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl")
+
+    async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+        kwargs = self._sampling(body)
+        if body.get("echo"):
+            kwargs["echo"] = True
+        prompts = _prompts(body["prompt"])
+        if body.get("stream"):
+            if len(prompts) > 1:
+                raise UnsupportedError("streaming several prompts at once is not supported: send them one by one", "prompt")
+            counter = self._counter(body)
+            return await self._stream(lambda: self._llm.create_completion(
+                prompts[0], stream=True, logits_processor=[counter], **kwargs), counter, ctx, "cmpl", "text_completion")
+        results = []
+        for prompt in prompts:
+            counter = self._counter(body)
+            results.append(await self._complete(lambda p=prompt, c=counter: self._llm.create_completion(
+                p, logits_processor=[c], **kwargs), counter, ctx, "cmpl"))
+        if len(results) == 1:
+            return results[0]
+        merged = results[0].body
+        assert isinstance(merged, dict)
+        usage = Usage()
+        choices = []
+        for i, r in enumerate(results):
+            assert isinstance(r.body, dict) and r.usage is not None
+            for choice in r.body["choices"]:
+                choices.append({**choice, "index": i})
+            usage.prompt_tokens += r.usage.prompt_tokens
+            usage.completion_tokens += r.usage.completion_tokens
+        merged["choices"] = choices
+        merged["usage"] = usage.as_dict()
+        return Completion(body=merged, usage=usage)
+
+    async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        if not self.model.embeddings:
+            raise UnsupportedError(f"embeddings are switched off for model {ctx.model}")
+        if body.get("dimensions"):
+            raise UnsupportedError("dimensions is not supported by the llamacpp engine", "dimensions")
+        loop = asyncio.get_running_loop()
+        async with self._embed_lock:
+            if self._embedder is None:
+                self._embedder = await loop.run_in_executor(self._embed_executor, lambda: self._load(embedding=True))
+        inputs = body["input"]
+        if isinstance(inputs, list) and inputs and isinstance(inputs[0], int):
+            inputs = [inputs]
+        try:
+            result = await loop.run_in_executor(self._embed_executor, lambda: self._embedder.create_embedding(inputs))
+        except ValueError as exc:
+            raise UnsupportedError(str(exc), "input") from exc
+        except Exception as exc:
+            raise EngineError(f"llama.cpp embedding failed: {exc}") from exc
+        as_base64 = body.get("encoding_format") == "base64"
+        for item in result["data"]:
+            if as_base64:
+                item["embedding"] = base64.b64encode(np.asarray(item["embedding"], dtype="<f4").tobytes()).decode()
+        result["model"] = ctx.model
+        usage = Usage(prompt_tokens=result["usage"]["prompt_tokens"])
+        self._account(usage)
+        result["usage"] = {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens}
+        return Completion(body=result, usage=usage)
+
+    # -- execution -------------------------------------------------------------------------
+
+    async def _complete(self, call: Callable[[], dict[str, Any]], counter: _TokenCounter, ctx: RequestContext, prefix: str) -> Completion:
+        self._require_loaded()
+        loop = asyncio.get_running_loop()
+
+        def run() -> dict[str, Any]:
+            self._waiting(-1)
+            self._running(+1)
+            try:
+                return call()
+            finally:
+                self._running(-1)
+                self._finished(counter)
+
+        self._waiting(+1)
+        try:
+            result = await loop.run_in_executor(self._executor, run)
+        except (UnsupportedError, EngineError):
+            raise
+        except ValueError as exc:  # llama-cpp-python reports a prompt over the context this way
+            raise UnsupportedError(str(exc), "messages" if prefix == "chatcmpl" else "prompt") from exc
+        except Exception as exc:
+            raise EngineError(f"llama.cpp generation failed: {exc}") from exc
+        raw = result.get("usage") or {}
+        usage = Usage(prompt_tokens=raw.get("prompt_tokens", 0), completion_tokens=raw.get("completion_tokens", 0))
+        self._account(usage)
+        return Completion(body=self._stamp(result, ctx, prefix), usage=usage)
+
+    async def _stream(
+        self,
+        call: Callable[[], Iterator[dict[str, Any]]],
+        counter: _TokenCounter,
+        ctx: RequestContext,
+        prefix: str,
+        chunk_object: str,
+    ) -> AsyncIterator[StreamEvent]:
+        self._require_loaded()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        cancelled = threading.Event()
+
+        def put(item: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def produce() -> None:
+            self._waiting(-1)
+            if cancelled.is_set():  # the client left while this request waited for the thread
+                put(_END)
+                return
+            self._running(+1)
+            chunks: Iterator[dict[str, Any]] | None = None
+            try:
+                chunks = call()
+                for chunk in chunks:
+                    if cancelled.is_set():
+                        log.info("%s: generation cancelled after %d tokens (client disconnected)", ctx.request_id, counter.sampled)
+                        break
+                    put(chunk)
+            except BaseException as exc:  # delivered to the event loop, raised there
+                put(exc)
+            finally:
+                if chunks is not None and hasattr(chunks, "close"):
+                    chunks.close()
+                self._running(-1)
+                self._finished(counter)
+                put(_END)
+
+        self._waiting(+1)
+        loop.run_in_executor(self._executor, produce)
+        return self._events(queue, cancelled, counter, ctx, prefix, chunk_object)
+
+    async def _events(
+        self,
+        queue: asyncio.Queue[Any],
+        cancelled: threading.Event,
+        counter: _TokenCounter,
+        ctx: RequestContext,
+        prefix: str,
+        chunk_object: str,
+    ) -> AsyncIterator[StreamEvent]:
+        stream_id = f"{prefix}-{ctx.request_id}"
+        created = int(time.time())
+        finish_reason: str | None = None
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    if isinstance(item, ValueError):
+                        raise UnsupportedError(str(item), "messages" if prefix == "chatcmpl" else "prompt")
+                    raise EngineError(f"llama.cpp generation failed: {item}")
+                item["id"] = stream_id
+                item["model"] = ctx.model
+                choice = item["choices"][0] if item.get("choices") else {}
+                finish_reason = choice.get("finish_reason") or finish_reason
+                delta = choice.get("delta") or {}
+                has_content = bool(delta.get("content") or delta.get("tool_calls") or choice.get("text"))
+                yield StreamEvent(
+                    data=orjson.dumps(item), has_content=has_content, finish_reason=choice.get("finish_reason")
+                )
+            completion_tokens = counter.sampled - (1 if finish_reason == "stop" and counter.sampled else 0)
+            usage = Usage(prompt_tokens=counter.prompt_tokens or 0, completion_tokens=completion_tokens)
+            self._account(usage)
+            data = b""
+            if ctx.include_usage:
+                data = orjson.dumps(
+                    {"id": stream_id, "object": chunk_object, "created": created, "model": ctx.model,
+                     "choices": [], "usage": usage.as_dict()}
+                )
+            yield StreamEvent(data=data, usage=usage)
+        finally:
+            cancelled.set()
+
+    def _require_loaded(self) -> None:
+        if self._llm is None:
+            raise EngineError(f"model {self.model.name or self.path} is not loaded", status=503, code="model_not_ready")
+
+
+def _prompts(prompt: Any) -> list[Any]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+

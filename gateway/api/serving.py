@@ -1,0 +1,179 @@
+"""The request flow shared by every generation route: parse, route, admit, call the adapter, measure."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from adapters.base import ClientRequestError, Completion, EngineError, RequestContext, StreamEvent, UnsupportedError
+from gateway.api.errors import APIError, error_payload
+from gateway.metrics import GatewayMetrics, request_id, set_model_label
+from gateway.routing import Backend, QueueFull
+from gateway.runtime import Runtime
+from gateway.timing import TimedStream, request_timing
+
+log = logging.getLogger("enginegate.api")
+
+Operation = Literal["chat", "completions", "embeddings"]
+M = TypeVar("M", bound=BaseModel)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DONE = b"data: [DONE]\n\n"
+
+
+async def parse_body(request: Request, model: type[M]) -> tuple[M, dict[str, Any]]:
+    raw = await request.body()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise APIError(400, f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    try:
+        parsed = model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from exc
+    return parsed, body
+
+
+def runtime(request: Request) -> Runtime:
+    return request.app.state.runtime  # type: ignore[no-any-return]
+
+
+def metrics(request: Request) -> GatewayMetrics:
+    return request.app.state.metrics  # type: ignore[no-any-return]
+
+
+def resolve_backend(request: Request, model: str, operation: Operation) -> Backend:
+    backend = runtime(request).models.get(model)
+    if backend is None:
+        raise APIError(404, f"The model `{model}` does not exist", param="model", code="model_not_found")
+    set_model_label(request.scope, backend.model_id)
+    if not backend.adapter.capabilities.supports(operation):
+        raise APIError(
+            400,
+            f"model `{backend.model_id}` (engine {backend.engine}) does not support {operation}",
+            param="model",
+            code="unsupported_operation",
+        )
+    return backend
+
+
+async def admit(request: Request, backend: Backend) -> float:
+    """Wait for a free engine slot; returns the time waited. A full queue answers 429."""
+    m = metrics(request)
+    started = time.perf_counter()
+    try:
+        await backend.admission.acquire()
+    except QueueFull as exc:
+        m.rejected.labels(backend.model_id).inc()
+        retry_after = str(runtime(request).settings.retry_after_seconds)
+        raise APIError(429, f"model `{backend.model_id}` is busy: {exc}", code="queue_full", headers={"Retry-After": retry_after}) from exc
+    waited = time.perf_counter() - started
+    m.queue_wait.labels(backend.model_id).observe(waited)
+    request_timing(request.scope).queued += waited
+    return waited
+
+
+async def generate(request: Request, backend: Backend, operation: Operation, body: dict[str, Any], include_usage: bool) -> Response:
+    arrived = time.perf_counter()
+    ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
+    m = metrics(request)
+    await admit(request, backend)
+    timing = request_timing(request.scope)
+    try:
+        with timing.upstream_span():
+            result = await getattr(backend.adapter, operation)(body, ctx)
+    except BaseException as exc:
+        backend.admission.release()
+        _count_error(m, backend, exc)
+        raise
+    if isinstance(result, Completion):
+        backend.admission.release()
+        if result.usage is not None:
+            _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
+        if result.status < 400:
+            m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
+        content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
+        return Response(content, status_code=result.status, media_type="application/json")
+    return StreamingResponse(
+        _sse(TimedStream(result, timing), backend, m, arrived), media_type="text/event-stream", headers=SSE_HEADERS
+    )
+
+
+async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayMetrics, arrived: float) -> AsyncIterator[bytes]:
+    first_at: float | None = None
+    last_at = arrived
+    usage = None
+    ended = False
+    try:
+        try:
+            async for event in events:
+                if event.has_content:
+                    now = time.perf_counter()
+                    if first_at is None:
+                        first_at = now
+                        m.ttft.labels(backend.model_id, backend.engine).observe(first_at - arrived)
+                    else:
+                        m.itl.labels(backend.model_id, backend.engine).observe(now - last_at)
+                    last_at = now
+                if event.usage is not None:
+                    usage = event.usage
+                if event.is_error:
+                    m.errors.labels(backend.model_id, "engine_stream").inc()
+                if event.data:
+                    yield b"data: " + event.data + b"\n\n"
+                if event.is_error:
+                    ended = True
+                    return
+        except (EngineError, UnsupportedError, ClientRequestError) as exc:
+            _count_error(m, backend, exc)
+            ended = True
+            status = getattr(exc, "status", 400)
+            yield b"data: " + orjson.dumps(error_payload(status, exc.message)) + b"\n\n"
+            return
+        except Exception as exc:  # never a hung or half-open stream
+            log.exception("stream failed")
+            _count_error(m, backend, exc)
+            ended = True
+            yield b"data: " + orjson.dumps(error_payload(500, f"stream failed: {type(exc).__name__}")) + b"\n\n"
+            return
+        ended = True
+        m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
+        yield DONE
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+        backend.admission.release()
+        if not ended:
+            m.disconnects.labels(backend.model_id, backend.engine).inc()
+            log.info("client disconnected from a %s stream; generation cancelled", backend.model_id)
+        if usage is not None:
+            _count_tokens(m, backend, usage.prompt_tokens, usage.completion_tokens)
+            if first_at is not None and usage.completion_tokens > 1:
+                m.tpot.labels(backend.model_id, backend.engine).observe((last_at - first_at) / (usage.completion_tokens - 1))
+
+
+def _count_tokens(m: GatewayMetrics, backend: Backend, prompt: int, completion: int) -> None:
+    m.prompt_tokens.labels(backend.model_id, backend.engine).inc(prompt)
+    m.completion_tokens.labels(backend.model_id, backend.engine).inc(completion)
+    m.request_prompt_tokens.labels(backend.model_id, backend.engine).observe(prompt)
+    if completion:
+        m.request_completion_tokens.labels(backend.model_id, backend.engine).observe(completion)
+
+
+def _count_error(m: GatewayMetrics, backend: Backend, exc: BaseException) -> None:
+    kind = {
+        UnsupportedError: "unsupported",
+        ClientRequestError: "client",
+        EngineError: "engine",
+    }.get(type(exc), "cancelled" if not isinstance(exc, Exception) else "internal")
+    m.errors.labels(backend.model_id, kind).inc()

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pydantic import ValidationError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("serve", help="run the gateway (OpenAI-compatible API)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (default 8000)")
+    p.add_argument("--model", help="GGUF path, hub reference org/repo/file.gguf, or 'default' (the embedded SmolLM2)")
+    p.add_argument("--config", help="YAML config file (see configs/gateway.example.yaml)")
+    p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.config import load_settings
+    from gateway.modelsource import ModelSourceError
+    from gateway.runtime import Runtime
+
+    try:
+        settings = load_settings(args.config, model=args.model, host=args.host, port=args.port, log_level=args.log_level)
+    except (ValidationError, FileNotFoundError, ValueError) as exc:
+        print(f"enginegate: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        runtime = Runtime.build(settings)
+    except (ModelSourceError, KeyError) as exc:
+        print(f"enginegate: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    app = create_app(settings, runtime)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,102 @@
+"""What the gateway runs: hardware snapshot, one plan and one adapter per configured model.
+
+Built once at start-up (detect -> resolve model -> plan -> adapter), started and stopped by
+the app's lifespan. Tests build a Runtime around their own adapters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adapters import registry
+from adapters.base import Adapter
+from gateway import hardware, modelsource, planning
+from gateway.config import ModelConfig, Settings
+from gateway.routing import Admission, Backend, ModelRegistry
+
+log = logging.getLogger("enginegate")
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    models: ModelRegistry
+    snapshot: Any = None
+    plans: dict[str, Any] = field(default_factory=dict)
+    started: bool = False
+
+    @classmethod
+    def build(cls, settings: Settings) -> Runtime:
+        snapshot = hardware.detect()
+        models = ModelRegistry()
+        plans: dict[str, Any] = {}
+        for index, config in enumerate(settings.models):
+            resolved = modelsource.resolve(config.source)
+            model_id = config.name or resolved.default_id
+            spec = planning.load_spec(Path(resolved.path))
+            plan = planning.plan(snapshot, spec, requested_engine=config.engine)
+            options = {**plan.options, **{k: v for k, v in _config_options(config).items() if v is not None}}
+            adapter_cls = registry.get(plan.engine)
+            local = config.model_copy(update={"source": str(resolved.path), "name": model_id})
+            adapter = adapter_cls(local, options)
+            aliases = tuple(config.aliases) + ((resolved.path.stem,) if resolved.path.stem != model_id else ())
+            if index == 0:
+                aliases += ("default",)
+            models.add(
+                Backend(
+                    model_id=model_id,
+                    adapter=adapter,
+                    admission=Admission(concurrency=int(options.get("parallel") or 1), max_queue=config.max_queue),
+                    plan=plan,
+                    aliases=tuple(dict.fromkeys(a for a in aliases if a != model_id)),
+                    created=int(time.time()),
+                    info={"origin": resolved.origin, "path": str(resolved.path)},
+                )
+            )
+            plans[model_id] = plan
+        return cls(settings=settings, models=models, snapshot=snapshot, plans=plans)
+
+    async def start(self) -> None:
+        for backend in self.models:
+            started = time.perf_counter()
+            log.info("loading %s with %s", backend.model_id, backend.engine)
+            await backend.adapter.start()
+            backend.info["load_seconds"] = round(time.perf_counter() - started, 3)
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+        await asyncio.gather(*(b.adapter.stop() for b in self.models), return_exceptions=True)
+
+    def summary(self, host: str, port: int) -> str:
+        lines = ["enginegate"]
+        if self.snapshot is not None:
+            lines.append(f"  host:   {self.snapshot.summary()}")
+        for b in self.models:
+            plan = self.plans.get(b.model_id)
+            why = plan.summary() if plan is not None else b.engine
+            lines.append(f"  model:  {b.model_id} <- {b.info.get('path', '?')}")
+            lines.append(f"  engine: {why}")
+            for warning in getattr(plan, "warnings", ()) or ():
+                lines.append(f"  note:   {warning}")
+        lines.append(f"  listen: http://{host}:{port}/v1  (OpenAI-compatible; metrics at /metrics)")
+        return "\n".join(lines)
+
+
+def _config_options(config: ModelConfig) -> dict[str, Any]:
+    """Options the user set explicitly win over the plan's."""
+    explicit = config.model_fields_set
+    mapping = {"context_length": "context_length", "threads": "threads", "gpu_layers": "gpu_layers"}
+    return {opt: getattr(config, field_name) for field_name, opt in mapping.items() if field_name in explicit}
+
+
+def runtime_for_adapters(settings: Settings, adapters: dict[str, Adapter], max_queue: int = 16) -> Runtime:
+    models = ModelRegistry()
+    for model_id, adapter in adapters.items():
+        models.add(Backend(model_id=model_id, adapter=adapter, admission=Admission(1, max_queue), created=int(time.time())))
+    return Runtime(settings=settings, models=models)
