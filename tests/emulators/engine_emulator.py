@@ -55,6 +55,7 @@ class Config:
     embedding_dim: int
     no_usage: bool
     close_after_stream: bool
+    models_503_while_loading: bool
 
 
 class BadRequest(Exception):
@@ -195,7 +196,9 @@ class Emulator:
     async def gate(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         path = request.path
         loading = not self.ready.is_set()
-        if loading and self.style.loading == "503" and path not in ("/v1/models", "/models"):
+        if loading and self.style.loading == "503" and (
+            self.cfg.models_503_while_loading or path not in ("/v1/models", "/models")
+        ):
             return self.error(503, "Loading model")
         if loading and self.style.loading == "warmup" and path in ("/health", "/health_generate", "/ready"):
             return web.Response(status=503)
@@ -508,6 +511,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--metrics", action="store_true", help="llamacpp: enable /metrics (other styles always)")
     p.add_argument("--embedding-dim", type=int, default=8)
     p.add_argument("--no-usage", action="store_true", help="never send usage (as some proxies and old servers)")
+    p.add_argument("--models-503-while-loading", action="store_true",
+                   help="llamacpp: /v1/models answers 503 while loading too (seen on llama-server b1-0c1e570)")
     p.add_argument("--close-after-stream", action="store_true",
                    help="close the connection after each stream without saying so (as llama-server was seen to)")
     a = p.parse_args(argv)
@@ -525,7 +530,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
                   a.ttft_ms / 1000.0, a.itl_ms / 1000.0, a.crash_after_tokens, a.stall_after_tokens,
                   a.malformed_after_tokens, a.error_after_tokens, a.error_rate, a.seed, a.fail_status,
                   a.parallel, a.metrics, a.embedding_dim, a.no_usage,
-                  a.close_after_stream)
+                  a.close_after_stream, a.models_503_while_loading)
 
 
 def announce(message: str) -> None:
