@@ -38,6 +38,7 @@ __all__ = [
     "Timeouts",
     "Upstream",
     "UpstreamConnectionError",
+    "UpstreamDisconnected",
     "UpstreamResponse",
     "error_exception",
     "forward_headers",
@@ -86,6 +87,10 @@ class Upstream:
 
 class UpstreamConnectionError(Exception):
     """The engine could not be reached, or the connection broke."""
+
+
+class UpstreamDisconnected(UpstreamConnectionError):
+    """The connection broke after the request may have reached the engine."""
 
 
 class UpstreamResponse(Protocol):
@@ -166,8 +171,20 @@ class AiohttpClient:
     async def request(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
     ) -> UpstreamResponse:
+        session = self._get_session()
         try:
-            resp = await self._get_session().request(method, url, headers=headers, data=body)
+            try:
+                resp = await session.request(method, url, headers=headers, data=body)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    raise
+                # A kept-alive connection the engine had closed (llama-server closes after each
+                # stream while advertising keep-alive): nothing reached it, so send once more.
+                # If that fails too, the engine died with the request: report a lost connection.
+                try:
+                    resp = await session.request(method, url, headers=headers, data=body)
+                except aiohttp.ClientError as again:
+                    raise UpstreamDisconnected(f"{exc}; resent: {again}") from again
         except aiohttp.ClientError as exc:
             raise UpstreamConnectionError(str(exc) or type(exc).__name__) from exc
         return _AiohttpResponse(resp)
@@ -214,6 +231,8 @@ class Relay:
                 return await self.client.request(method, url, headers, body)
         except TimeoutError:
             raise EngineError(f"{self.engine} sent no response within {timeout:.0f}s", 504, "upstream_timeout") from None
+        except UpstreamDisconnected as exc:
+            raise EngineError(f"{self.engine} connection lost before a response: {exc}", 502, "engine_reset") from exc
         except UpstreamConnectionError as exc:
             raise EngineError(f"{self.engine} is unreachable: {exc}", 503, "engine_unreachable") from exc
 

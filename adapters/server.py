@@ -155,10 +155,11 @@ class ServerAdapter(Adapter):
         try:
             return await self.relay.forward(upstream, path, body, ctx)
         except EngineError as exc:
-            # Refused before anything was sent, by an engine that just died: the supervisor is
-            # restarting it, so wait for that and retry once instead of failing the request.
+            # No response from an engine that just died (refused, or reset before any response
+            # byte): the supervisor is restarting it, so wait for that and send once more. A
+            # request that itself crashes the engine fails on that second try, with no loop.
             # (A dying process closes its sockets a moment before its exit can be seen.)
-            if exc.code != "engine_unreachable" or not await self._died(process):
+            if exc.code not in ("engine_unreachable", "engine_reset") or not await self._died(process):
                 raise
         endpoint = process.endpoint
         deadline = asyncio.get_running_loop().time() + self.ready_wait

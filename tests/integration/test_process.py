@@ -198,3 +198,17 @@ def test_engine_dies_with_a_killed_gateway(tmp_path: Path) -> None:
     while alive(engine_pid):
         assert time.monotonic() < deadline, "engine orphaned after the gateway was killed"
         time.sleep(0.05)
+
+
+async def test_non_streaming_request_in_flight_during_a_crash_is_sent_once_more(tmp_path: Path) -> None:
+    """No response came, so the request goes once to the restarted engine; crashing it again ends it."""
+    engine = emulated(tmp_path, "llamacpp", "--tokens", "6", "--crash-after-tokens", "3", restart_backoff=0.1)
+    await engine.start()
+    try:
+        with pytest.raises(EngineError) as info:
+            await engine.chat(PROMPT, CTX)
+        assert info.value.status == 502 and info.value.code == "engine_reset"
+        await wait_for(lambda: engine.process.restarts == 2 and engine.process.state is ProcessState.READY, "restarts")
+        assert await chat_text(engine, max_tokens=2) == "tok0 tok1"
+    finally:
+        await engine.stop()

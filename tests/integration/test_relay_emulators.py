@@ -220,3 +220,17 @@ async def test_closing_the_stream_cancels_the_engine_request() -> None:
                     await asyncio.sleep(0.05)
         finally:
             await relay.aclose()
+
+
+async def test_engine_that_closes_kept_alive_connections_after_each_stream() -> None:
+    """llama-server closes the connection after a stream while advertising keep-alive."""
+    with running_emulator("llamacpp", "--tokens", "3", "--close-after-stream") as emu:
+        relay = Relay("llamacpp")
+        try:
+            for _ in range(30):
+                events = await collect(await relay.forward(Upstream(emu.url), CHAT, {**PROMPT, "stream": True}, ctx()))
+                assert sum(e.has_content for e in events) == 3 and not events[-1].is_error
+                whole = await relay.forward(Upstream(emu.url), CHAT, PROMPT, ctx())
+                assert isinstance(whole, Completion)
+        finally:
+            await relay.aclose()
