@@ -93,7 +93,7 @@ async def test_chat_stream_and_whole(gateway: Gateway) -> None:
     assert text == whole.choices[0].message.content  # greedy: the same tokens either way
     assert all(c.choices for c in chunks), "usage chunk leaked to a client that did not ask for it"
     asked = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, stream=True,
-                                                 stream_options={"include_usage": True})
+                                                 stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
     last = [chunk async for chunk in asked][-1]
     assert last.choices == [] and last.usage is not None and last.usage.completion_tokens == 8
     async with httpx.AsyncClient() as http:
@@ -109,7 +109,8 @@ async def test_chat_stream_and_whole(gateway: Gateway) -> None:
 
 async def test_completions_and_embeddings(gateway: Gateway) -> None:
     client = gateway.client()
-    done = await client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5)
+    done = await client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5,
+                                           extra_body={"ignore_eos": True})
     assert done.choices[0].text and done.usage is not None and done.usage.completion_tokens == 5
     stream = await client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5, stream=True)
     assert "".join([c.choices[0].text async for c in stream if c.choices])
