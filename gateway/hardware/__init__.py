@@ -1,6 +1,6 @@
 """Host detection: `detect()` returns a frozen HardwareSnapshot, probed once."""
 
-from gateway.hardware.bandwidth import measure_memory_bandwidth
+from gateway.hardware.bandwidth import load_measurement, measure_memory_bandwidth, measurement_file, save_measurement
 from gateway.hardware.detect import detect
 from gateway.hardware.figures import figures_for
 from gateway.hardware.models import (
@@ -34,5 +34,8 @@ __all__ = [
     "Sources",
     "detect",
     "figures_for",
+    "load_measurement",
     "measure_memory_bandwidth",
+    "measurement_file",
+    "save_measurement",
 ]

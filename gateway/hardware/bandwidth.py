@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -20,3 +23,29 @@ def measure_memory_bandwidth(size_bytes: int = 256 * 2**20, repeats: int = 5) ->
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - start)
     return 2 * src.nbytes / best / 1e9
+
+
+def measurement_file() -> Path:
+    base = os.environ.get("ENGINEGATE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "enginegate"
+    )
+    return Path(base) / "memory_bandwidth.json"
+
+
+def save_measurement(gbps: float, cpu_model: str | None, path: Path | None = None) -> Path:
+    target = path or measurement_file()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"cpu_model": cpu_model, "copy_gbps": gbps}))
+    return target
+
+
+def load_measurement(cpu_model: str | None, path: Path | None = None) -> float | None:
+    """The stored measurement, if it was taken on a CPU of this model; else None."""
+    try:
+        data = json.loads((path or measurement_file()).read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("cpu_model") != cpu_model:
+        return None
+    value = data.get("copy_gbps")
+    return float(value) if isinstance(value, int | float) and value > 0 else None

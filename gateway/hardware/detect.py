@@ -66,6 +66,9 @@ def detect(sources: Sources | None = None, timeout: float = PROBE_TIMEOUT_S) -> 
         if issue is not None:
             issues.append(issue)
     cpu = results["cpu"] or CpuInfo(architecture=src.machine())
+    measured = src.measured_bandwidth(cpu.model)
+    if measured is not None:
+        cpu = cpu.model_copy(update={"measured_bandwidth_gbps": measured})
     return HardwareSnapshot(
         os=src.system(),
         cpu=cpu,

@@ -30,6 +30,7 @@ class Sources(Protocol):
     def cpu_counts(self) -> tuple[int | None, int | None]: ...
     def nvml_record(self) -> dict[str, Any]: ...
     def amdsmi_record(self) -> dict[str, Any]: ...
+    def measured_bandwidth(self, cpu_model: str | None) -> float | None: ...
 
 
 class LiveSources:
@@ -63,6 +64,11 @@ class LiveSources:
         from gateway.hardware.amd import read_amdsmi
 
         return read_amdsmi()
+
+    def measured_bandwidth(self, cpu_model: str | None) -> float | None:
+        from gateway.hardware.bandwidth import load_measurement
+
+        return load_measurement(cpu_model)
 
 
 class RecordedSources:
@@ -110,3 +116,7 @@ class RecordedSources:
             raise ProbeUnavailable("amdsmi is not importable")
         record: dict[str, Any] = json.loads(self._file(name))
         return record
+
+    def measured_bandwidth(self, cpu_model: str | None) -> float | None:
+        value = self.host.get("measured_bandwidth_gbps")
+        return None if value is None else float(value)
