@@ -14,7 +14,8 @@ from gateway.planning.specs import ModelSpec
 
 KvDtype = Literal["fp16", "bf16", "fp8", "q8_0", "q4_0"]
 Fit = Literal["fast", "system", "none"]
-MemoryKind = Literal["vram", "unified", "system"]
+MemoryKind = Literal["vram", "unified", "system", "split"]
+"""split: GPU memory and system RAM together (a partial offload)."""
 
 # bytes per cached element; GGUF q8_0 / q4_0 store blocks of 32 values in 34 / 18 bytes
 KV_DTYPE_BYTES: dict[str, float] = {"fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "q8_0": 34 / 32, "q4_0": 18 / 32}

