@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from gateway.hardware import HardwareSnapshot, detect
-from gateway.planning import NoEngineError, Plan, SpecError, Workload, load_spec, load_workload, plan
+from gateway.planning import ENGINES, NoEngineError, Plan, SpecError, Workload, installed_set, load_spec, load_workload, plan
 
 EMBEDDED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -38,7 +38,15 @@ def run(args: argparse.Namespace) -> int:
             HardwareSnapshot.model_validate_json(Path(args.hardware).read_text()) if args.hardware else detect()
         )
         workload = load_workload(Path(args.workload)) if args.workload else Workload()
-        decision = plan(snapshot, spec, workload, requested_engine=args.engine, rules=Path(args.rules) if args.rules else None)
+        installed = None
+        if args.installed is not None:
+            names = {n.strip() for n in args.installed.split(",") if n.strip()}
+            unknown = names - set(ENGINES)
+            if unknown:
+                raise ValueError(f"--installed: unknown engine(s) {', '.join(sorted(unknown))}; known: {', '.join(ENGINES)}")
+            installed = installed_set(names)
+        rules = Path(args.rules) if args.rules else None
+        decision = plan(snapshot, spec, workload, requested_engine=args.engine, installed=installed, rules=rules)
     except (SpecError, NoEngineError, FileNotFoundError, ValueError) as exc:
         print(f"enginegate plan: {exc}", file=sys.stderr)
         return 2
@@ -53,5 +61,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--workload", help="a workload YAML (prompt_tokens, output_tokens, context_length, concurrency, mode, objective...)")
     p.add_argument("--engine", default="auto", help="force an engine; its failed constraints become warnings")
     p.add_argument("--rules", help="a selection rules YAML that overrides configs/selection.yaml")
+    p.add_argument("--installed", help="comma-separated engines to treat as installed (default: check this machine)")
     p.add_argument("--json", action="store_true", help="print the Plan as JSON (engine at the top level)")
     p.set_defaults(func=run)

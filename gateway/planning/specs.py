@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from gateway.planning.gguf_meta import GgufFormatError, read_gguf_meta
+
 Format = Literal["gguf", "exl2", "exl3", "mlx", "awq", "gptq", "fp8", "bf16", "fp16", "fp32", "unknown"]
 Family = Literal["dense", "moe", "multimodal", "hybrid"]
 Attention = Literal["gqa", "mla"]
@@ -76,24 +78,19 @@ class SpecError(ValueError):
 # ---------------------------------------------------------------- GGUF
 
 
-def _gguf_value(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
-
-
 def load_gguf(path: Path) -> ModelSpec:
     import gguf
 
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:  # the gguf package raises ValueError/struct errors on bad files
+        meta = read_gguf_meta(path)
+    except (GgufFormatError, ValueError, KeyError, OSError) as exc:
         raise SpecError(f"{path}: not a readable GGUF file ({exc})") from exc
-    arch = _gguf_value(reader, "general.architecture")
+    arch = meta.fields.get("general.architecture")
     if arch is None:
         raise SpecError(f"{path}: GGUF without general.architecture")
 
     def get(key: str) -> Any:
-        return _gguf_value(reader, f"{arch}.{key}")
+        return meta.fields.get(f"{arch}.{key}")
 
     layers = get("block_count")
     hidden = get("embedding_length")
@@ -106,22 +103,22 @@ def load_gguf(path: Path) -> ModelSpec:
     head_dim = get("attention.key_length") or (hidden // heads if hidden and heads else None)
     experts = get("expert_count") or None
     experts_used = get("expert_used_count") or None
-    file_type = _gguf_value(reader, "general.file_type")
+    file_type = meta.fields.get("general.file_type")
     try:
         quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
     except ValueError:
         quant = f"file_type {file_type}"
-    total = sum(int(t.n_elements) for t in reader.tensors)
-    data_bytes = sum(int(t.n_bytes) for t in reader.tensors)
+    total = sum(t.n_elements for t in meta.tensors)
+    data_bytes = sum(t.n_bytes for t in meta.tensors)
     active = total
     if experts and experts_used:
-        expert_params = sum(int(t.n_elements) for t in reader.tensors if "_exps." in t.name)
+        expert_params = sum(t.n_elements for t in meta.tensors if "_exps." in t.name)
         active = total - expert_params + expert_params * experts_used // experts
     window = get("attention.sliding_window")
     return ModelSpec(
         path=str(path),
         format="gguf",
-        name=_gguf_value(reader, "general.name"),
+        name=meta.fields.get("general.name"),
         architecture=str(arch),
         family="moe" if experts else "dense",
         quantization=quant,
