@@ -11,7 +11,10 @@ def describe(s: HardwareSnapshot) -> str:
     gib = 2**30
     lines = [s.summary(), ""]
     cpu = s.cpu
-    lines.append(f"CPU     {cpu.model or 'unknown'} ({cpu.architecture}), {cpu.physical_cores or '?'} cores / {cpu.logical_cores or '?'} threads")
+    lines.append(
+        f"CPU     {cpu.model or 'unknown'} ({cpu.architecture}), "
+        f"{cpu.physical_cores or '?'} cores / {cpu.logical_cores or '?'} threads"
+    )
     lines.append(f"        instruction sets: {', '.join(cpu.instruction_sets) or 'none reported'}")
     if cpu.measured_bandwidth_gbps:
         lines.append(f"        measured copy bandwidth: {cpu.measured_bandwidth_gbps:.1f} GB/s")
@@ -24,10 +27,16 @@ def describe(s: HardwareSnapshot) -> str:
         for g in s.nvidia.gpus:
             cc = ".".join(map(str, g.compute_capability)) if g.compute_capability else "?"
             mem_g = f"{g.memory_total_bytes / gib:.0f} GiB" if g.memory_total_bytes else "? GiB"
-            link = f", NVLink to {list(g.nvlink_peers)}" + (" via NVSwitch" if g.nvswitch else "") if g.nvlink_peers else ""
+            link = (
+                f", NVLink to {list(g.nvlink_peers)}" + (" via NVSwitch" if g.nvswitch else "")
+                if g.nvlink_peers
+                else ""
+            )
             pcie = f", PCIe gen{g.pcie_generation} x{g.pcie_width}" if g.pcie_generation else ""
             bw = f", {g.figures.memory_bandwidth_gbps:g} GB/s" if g.figures.memory_bandwidth_gbps else ""
-            lines.append(f"  GPU {g.index} {g.name}, {mem_g}, cc {cc}{pcie}{link}{bw}" + (", MIG on" if g.mig_enabled else ""))
+            lines.append(
+                f"  GPU {g.index} {g.name}, {mem_g}, cc {cc}{pcie}{link}{bw}" + (", MIG on" if g.mig_enabled else "")
+            )
     if s.apple:
         a = s.apple
         mem_a = f"{a.unified_memory_bytes / gib:.0f} GiB" if a.unified_memory_bytes else "?"

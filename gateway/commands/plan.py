@@ -8,7 +8,17 @@ import sys
 from pathlib import Path
 
 from gateway.hardware import HardwareSnapshot, detect
-from gateway.planning import ENGINES, NoEngineError, Plan, SpecError, Workload, installed_set, load_spec, load_workload, plan
+from gateway.planning import (
+    ENGINES,
+    NoEngineError,
+    Plan,
+    SpecError,
+    Workload,
+    installed_set,
+    load_spec,
+    load_workload,
+    plan,
+)
 
 EMBEDDED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -34,16 +44,16 @@ def describe(p: Plan) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(Path(args.model) if args.model else embedded_model())
-        snapshot = (
-            HardwareSnapshot.model_validate_json(Path(args.hardware).read_text()) if args.hardware else detect()
-        )
+        snapshot = HardwareSnapshot.model_validate_json(Path(args.hardware).read_text()) if args.hardware else detect()
         workload = load_workload(Path(args.workload)) if args.workload else Workload()
         installed = None
         if args.installed is not None:
             names = {n.strip() for n in args.installed.split(",") if n.strip()}
             unknown = names - set(ENGINES)
             if unknown:
-                raise ValueError(f"--installed: unknown engine(s) {', '.join(sorted(unknown))}; known: {', '.join(ENGINES)}")
+                raise ValueError(
+                    f"--installed: unknown engine(s) {', '.join(sorted(unknown))}; known: {', '.join(ENGINES)}"
+                )
             installed = installed_set(names)
         rules = Path(args.rules) if args.rules else None
         decision = plan(snapshot, spec, workload, requested_engine=args.engine, installed=installed, rules=rules)
@@ -58,7 +68,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser("plan", help="choose an engine for a model on this host and explain why")
     p.add_argument("--model", help="a .gguf file or a model directory with config.json (default: the embedded SmolLM2)")
     p.add_argument("--hardware", help="a HardwareSnapshot JSON (from `enginegate detect --json`) instead of detecting")
-    p.add_argument("--workload", help="a workload YAML (prompt_tokens, output_tokens, context_length, concurrency, mode, objective...)")
+    p.add_argument(
+        "--workload",
+        help="a workload YAML (prompt_tokens, output_tokens, context_length, concurrency, mode, objective...)",
+    )
     p.add_argument("--engine", default="auto", help="force an engine; its failed constraints become warnings")
     p.add_argument("--rules", help="a selection rules YAML that overrides configs/selection.yaml")
     p.add_argument("--installed", help="comma-separated engines to treat as installed (default: check this machine)")

@@ -19,7 +19,7 @@ ROCM_SMI = ["rocm-smi", "--showproductname", "--showmeminfo", "vram", "--showtop
 
 def read_amdsmi() -> dict[str, Any]:
     try:
-        import amdsmi  # type: ignore[import-not-found]
+        import amdsmi
     except ImportError as exc:
         raise ProbeUnavailable("amdsmi is not importable") from exc
     amdsmi.amdsmi_init()

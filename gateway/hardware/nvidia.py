@@ -32,43 +32,45 @@ def read_nvml() -> dict[str, Any]:
     except pynvml.NVMLError as exc:
         raise ProbeUnavailable(f"NVML: {exc}") from exc
 
-    def ask(call: Callable[[], T]) -> T | None:
+    def ask(call: Callable[..., T], *args: Any) -> T | None:
         try:
-            return call()
+            return call(*args)
         except pynvml.NVMLError:
             return None
 
     try:
-        cuda = ask(pynvml.nvmlSystemGetCudaDriverVersion)
+        driver = ask(pynvml.nvmlSystemGetDriverVersion)
         record: dict[str, Any] = {
-            "driver_version": ask(lambda: _text(pynvml.nvmlSystemGetDriverVersion())),
-            "cuda_driver_version": cuda,
+            "driver_version": None if driver is None else _text(driver),
+            "cuda_driver_version": ask(pynvml.nvmlSystemGetCudaDriverVersion),
             "gpus": [],
         }
         for index in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(index)
-            mem = ask(lambda: pynvml.nvmlDeviceGetMemoryInfo(h))
-            pci = ask(lambda: pynvml.nvmlDeviceGetPciInfo(h))
-            links = []
+            mem = ask(pynvml.nvmlDeviceGetMemoryInfo, h)
+            pci = ask(pynvml.nvmlDeviceGetPciInfo, h)
+            links: list[str | None] = []
             for link in range(NVLINK_MAX_LINKS):
-                state = ask(lambda: pynvml.nvmlDeviceGetNvLinkState(h, link))
+                state = ask(pynvml.nvmlDeviceGetNvLinkState, h, link)
                 if state is None:
                     break
                 if state == pynvml.NVML_FEATURE_ENABLED:
-                    remote = ask(lambda: pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link))
+                    remote = ask(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
                     links.append(None if remote is None else _text(remote.busId))
-            mig = ask(lambda: pynvml.nvmlDeviceGetMigMode(h))
+            mig = ask(pynvml.nvmlDeviceGetMigMode, h)
+            uuid = ask(pynvml.nvmlDeviceGetUUID, h)
+            cc = ask(pynvml.nvmlDeviceGetCudaComputeCapability, h)
             record["gpus"].append(
                 {
                     "index": index,
                     "name": _text(pynvml.nvmlDeviceGetName(h)),
-                    "uuid": ask(lambda: _text(pynvml.nvmlDeviceGetUUID(h))),
+                    "uuid": None if uuid is None else _text(uuid),
                     "pci_bus_id": None if pci is None else _text(pci.busId),
                     "memory_total": None if mem is None else int(mem.total),
                     "memory_free": None if mem is None else int(mem.free),
-                    "compute_capability": ask(lambda: list(pynvml.nvmlDeviceGetCudaComputeCapability(h))),
-                    "pcie_generation": ask(lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
-                    "pcie_width": ask(lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
+                    "compute_capability": None if cc is None else list(cc),
+                    "pcie_generation": ask(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                    "pcie_width": ask(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
                     "nvlink_remote_bus_ids": links,
                     "mig_mode": None if mig is None else int(mig[0]),
                 }

@@ -64,7 +64,9 @@ def max_concurrency(budget_bytes: int, weights_bytes: int, kv_per_sequence: int)
     return room // kv_per_sequence if kv_per_sequence > 0 else 1_000_000
 
 
-def max_context(spec: ModelSpec, budget_bytes: int, weights_bytes: int, concurrency: int, kv_dtype: KvDtype, limit: int) -> int:
+def max_context(
+    spec: ModelSpec, budget_bytes: int, weights_bytes: int, concurrency: int, kv_dtype: KvDtype, limit: int
+) -> int:
     """Largest context <= limit at which `concurrency` sequences fit (KV is monotone: bisect)."""
     room = budget_bytes - weights_bytes
     if room <= 0 or concurrency < 1:
@@ -91,7 +93,9 @@ def decode_tokens_per_s(segments: list[tuple[float, float]]) -> float:
     return 1.0 / seconds
 
 
-def prefill_seconds(active_params: int, prompt_tokens: int, peak_tflops: float, efficiency: float = PREFILL_EFFICIENCY) -> float:
+def prefill_seconds(
+    active_params: int, prompt_tokens: int, peak_tflops: float, efficiency: float = PREFILL_EFFICIENCY
+) -> float:
     """2 x active params x prompt tokens FLOPs, at `efficiency` of peak dense FLOP/s."""
     if peak_tflops <= 0 or not 0 < efficiency <= 1:
         raise ValueError("peak_tflops must be > 0 and efficiency in (0, 1]")
@@ -170,7 +174,9 @@ def assess(
         if offload is not None:
             share, ram_bw = offload
             if ram_bw is not None:
-                decode = decode_tokens_per_s([(active * (1 - share) + per_token_kv, bandwidth), (active * share, ram_bw)])
+                decode = decode_tokens_per_s(
+                    [(active * (1 - share) + per_token_kv, bandwidth), (active * share, ram_bw)]
+                )
         else:
             decode = decode_tokens_per_s([(active + per_token_kv, bandwidth)])
     prefill = None
@@ -191,7 +197,9 @@ def assess(
         devices_used=pool.devices,
         usable_bytes=pool.usable_bytes,
         max_concurrency=max_concurrency(pool.usable_bytes, weights, kv_seq),
-        max_context=max_context(spec, pool.usable_bytes, weights, concurrency, kv_dtype, max(context_length, spec.context_length or 0)),
+        max_context=max_context(
+            spec, pool.usable_bytes, weights, concurrency, kv_dtype, max(context_length, spec.context_length or 0)
+        ),
         tensor_parallel=tensor_parallel,
         bandwidth_gbps=bandwidth,
         decode_tokens_per_s=decode,

@@ -8,10 +8,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.hardware import HardwareSnapshot
-from gateway.planning.capacity import Capacity, assess, kv_bytes, max_context
+from gateway.planning.capacity import Capacity, MemoryPool, assess, kv_bytes, max_context
 from gateway.planning.installed import Installed, is_installed
 from gateway.planning.options import Layout, engine_options
-from gateway.planning.pools import GPU_MEMORY_FRACTION, MemoryPool, fast_pools, place, system_pool
+from gateway.planning.pools import GPU_MEMORY_FRACTION, fast_pools, place, system_pool
 from gateway.planning.selection import ENGINES, Candidate, Rejection, RuleBook, load_rules, rank, violations
 from gateway.planning.specs import ModelSpec
 from gateway.planning.workload import Accelerator, Interconnect, Profile, Workload, heaviness
@@ -107,7 +107,9 @@ def _context(spec: ModelSpec, w: Workload, snapshot: HardwareSnapshot, reasons: 
     trained = spec.context_length
     if w.context_length is not None:
         if trained and w.context_length > trained:
-            warnings.append(f"context {w.context_length} exceeds the model's trained {trained} tokens: quality may drop")
+            warnings.append(
+                f"context {w.context_length} exceeds the model's trained {trained} tokens: quality may drop"
+            )
         return w.context_length
     if trained is None:
         warnings.append(f"the model does not state its trained context: using {DEFAULT_CONTEXT}")
@@ -119,12 +121,16 @@ def _context(spec: ModelSpec, w: Workload, snapshot: HardwareSnapshot, reasons: 
     fitting = max_context(spec, pools[-1].usable_bytes, weights, w.concurrency, w.kv_dtype, trained)
     if fitting >= min(DEFAULT_CONTEXT, trained):
         capped = fitting // 256 * 256
-        reasons.append(f"context capped at {capped} of the trained {trained} tokens so {w.concurrency} sequence(s) fit in memory")
+        reasons.append(
+            f"context capped at {capped} of the trained {trained} tokens so {w.concurrency} sequence(s) fit in memory"
+        )
         return capped
     return trained
 
 
-def _layout(engine: str, pool: MemoryPool, fit: str, spec: ModelSpec, w: Workload, s: HardwareSnapshot, context: int) -> Layout:
+def _layout(
+    engine: str, pool: MemoryPool, fit: str, spec: ModelSpec, w: Workload, s: HardwareSnapshot, context: int
+) -> Layout:
     gpus = pool.devices if pool.kind == "vram" else 0
     tp, pp = (gpus, 1) if pool.linked else (1, gpus)
     if engine in ("llamacpp", "mlx"):
@@ -170,8 +176,21 @@ def _capacity(spec: ModelSpec, pool: MemoryPool, fit: str, lay: Layout, w: Workl
     return assess(spec, pool, fit=fit, tensor_parallel=lay.tensor_parallel, **common)  # type: ignore[arg-type]
 
 
-def _explain(engine: str, cap: Capacity, lay: Layout, pool: MemoryPool, s: HardwareSnapshot, reasons: list[str], warnings: list[str]) -> None:
-    where = {"vram": f"{cap.devices_used} GPU(s)", "unified": "unified memory", "system": "system RAM", "split": "GPU memory + system RAM"}[cap.memory]
+def _explain(
+    engine: str,
+    cap: Capacity,
+    lay: Layout,
+    pool: MemoryPool,
+    s: HardwareSnapshot,
+    reasons: list[str],
+    warnings: list[str],
+) -> None:
+    where = {
+        "vram": f"{cap.devices_used} GPU(s)",
+        "unified": "unified memory",
+        "system": "system RAM",
+        "split": "GPU memory + system RAM",
+    }[cap.memory]
     reasons.append(
         f"weights {_gb(cap.weights_bytes)} + KV {_gb(cap.kv_bytes_per_sequence * cap.concurrency)} "
         f"({cap.concurrency} x {cap.context_length} tokens, {cap.kv_dtype}) = {_gb(cap.required_bytes)}; "
@@ -181,21 +200,37 @@ def _explain(engine: str, cap: Capacity, lay: Layout, pool: MemoryPool, s: Hardw
         if lay.tensor_parallel > 1:
             reasons.append(f"the {lay.gpus} GPUs are joined by NVLink: tensor parallel across {lay.tensor_parallel}")
         elif engine not in ("llamacpp", "mlx"):
-            reasons.append(f"no NVLink between the {lay.gpus} GPUs: pipeline parallel ({lay.pipeline_parallel} stages) rather than tensor parallel")
+            reasons.append(
+                f"no NVLink between the {lay.gpus} GPUs: "
+                f"pipeline parallel ({lay.pipeline_parallel} stages) rather than tensor parallel"
+            )
     rate = cap.decode_tokens_per_s
     if rate is not None:
-        reasons.append(f"decode at most ~{rate:.0f} tokens/s per sequence ({cap.bandwidth_gbps or 0:.0f} GB/s over {_gb(cap.active_weights_bytes)} read per token)")
+        reasons.append(
+            f"decode at most ~{rate:.0f} tokens/s per sequence "
+            f"({cap.bandwidth_gbps or 0:.0f} GB/s over {_gb(cap.active_weights_bytes)} read per token)"
+        )
     if cap.prefill_seconds is not None:
-        reasons.append(f"prefill of {cap.prompt_tokens} tokens ~{cap.prefill_seconds * 1000:.0f} ms at {cap.prefill_efficiency:.0%} of peak FLOPs")
+        reasons.append(
+            f"prefill of {cap.prompt_tokens} tokens ~{cap.prefill_seconds * 1000:.0f} ms "
+            f"at {cap.prefill_efficiency:.0%} of peak FLOPs"
+        )
     has_fast = bool(fast_pools(s))
-    speed = f"expect at most about {rate:.0f} tokens/s" if rate is not None else "run `enginegate doctor` to measure RAM bandwidth and estimate the speed"
+    speed = (
+        f"expect at most about {rate:.0f} tokens/s"
+        if rate is not None
+        else "run `enginegate doctor` to measure RAM bandwidth and estimate the speed"
+    )
     if cap.fit == "system" and has_fast:
         offload = f" ({lay.gpu_layers} layers offloaded to the GPU)" if lay.gpu_layers > 0 else ""
         warnings.append(f"the model fits only in system RAM{offload}: {speed}")
     elif cap.fit == "system" and rate is None:
         warnings.append(f"the model runs from system RAM: {speed}")
     elif cap.fit == "none":
-        warnings.append(f"the model does not fit in memory ({_gb(cap.required_bytes)} needed): loading will fail or swap; use a smaller quantisation or context")
+        warnings.append(
+            f"the model does not fit in memory ({_gb(cap.required_bytes)} needed): "
+            "loading will fail or swap; use a smaller quantisation or context"
+        )
     if cap.fit == "fast" and cap.max_concurrency < cap.concurrency:
         warnings.append(f"only {cap.max_concurrency} sequences of {cap.context_length} tokens fit at once")
     if s.nvidia and any(g.mig_enabled for g in s.nvidia.gpus):
@@ -228,9 +263,16 @@ def plan(
     if requested_engine != "auto":
         if requested_engine not in book.engines:
             raise ValueError(f"unknown engine {requested_engine!r}; known: {', '.join(ENGINES)}")
-        chosen = Candidate(engine=requested_engine, rank=0, rule="requested", because=f"engine {requested_engine!r} set in the model's config")
+        chosen = Candidate(
+            engine=requested_engine,
+            rank=0,
+            rule="requested",
+            because=f"engine {requested_engine!r} set in the model's config",
+        )
         for v in violations(requested_engine, book.engines[requested_engine], profile, check):
-            warnings.append(f"{requested_engine} was requested but {v.detail}" + (f": {v.install}" if v.install else ""))
+            warnings.append(
+                f"{requested_engine} was requested but {v.detail}" + (f": {v.install}" if v.install else "")
+            )
     else:
         for cand in ranked:
             failed = violations(cand.engine, book.engines[cand.engine], profile, check)

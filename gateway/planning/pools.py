@@ -81,7 +81,9 @@ def system_pool(snapshot: HardwareSnapshot) -> MemoryPool:
     )
 
 
-def place(snapshot: HardwareSnapshot, required_bytes: int, fraction: float = GPU_MEMORY_FRACTION) -> tuple[MemoryPool, Fit]:
+def place(
+    snapshot: HardwareSnapshot, required_bytes: int, fraction: float = GPU_MEMORY_FRACTION
+) -> tuple[MemoryPool, Fit]:
     """The smallest fast pool that holds `required_bytes`, else system RAM, else nothing."""
     pools = fast_pools(snapshot, fraction)
     for pool in pools:

@@ -56,9 +56,23 @@ class Rejection(BaseModel):
 
 
 _CONDITIONS = {
-    "accelerator", "gpus_min", "gpus_max", "consumer_gpu", "linked", "fit", "mode", "objective",
-    "family", "format", "context_min", "shared_prefix", "heavy", "nodes_min", "memory_max_gib",
-    "architecture", "any",
+    "accelerator",
+    "gpus_min",
+    "gpus_max",
+    "consumer_gpu",
+    "linked",
+    "fit",
+    "mode",
+    "objective",
+    "family",
+    "format",
+    "context_min",
+    "shared_prefix",
+    "heavy",
+    "nodes_min",
+    "memory_max_gib",
+    "architecture",
+    "any",
 }
 
 
@@ -149,7 +163,13 @@ def violations(engine: str, needs: EngineNeeds, profile: Profile, installed: Ins
     out: list[Rejection] = []
     if profile.accelerator not in needs.accelerators:
         have = "no GPU" if profile.accelerator == "none" else f"{profile.accelerator} GPU"
-        out.append(Rejection(engine=engine, constraint="accelerator", detail=f"needs {' or '.join(needs.accelerators)}; this host has {have}"))
+        out.append(
+            Rejection(
+                engine=engine,
+                constraint="accelerator",
+                detail=f"needs {' or '.join(needs.accelerators)}; this host has {have}",
+            )
+        )
     if (
         needs.min_compute_capability is not None
         and profile.accelerator == "nvidia"
@@ -160,13 +180,24 @@ def violations(engine: str, needs: EngineNeeds, profile: Profile, installed: Ins
             Rejection(
                 engine=engine,
                 constraint="compute_capability",
-                detail=f"needs compute capability >= {needs.min_compute_capability:g}; this GPU has {profile.min_compute_capability:g}",
+                detail=f"needs compute capability >= {needs.min_compute_capability:g}; "
+                f"this GPU has {profile.min_compute_capability:g}",
             )
         )
     if profile.format not in needs.formats:
-        out.append(Rejection(engine=engine, constraint="format", detail=f"loads {', '.join(needs.formats)}, not {profile.format}"))
+        out.append(
+            Rejection(
+                engine=engine, constraint="format", detail=f"loads {', '.join(needs.formats)}, not {profile.format}"
+            )
+        )
     if needs.needs_fast_memory and profile.fit != "fast" and profile.accelerator != "none":
-        out.append(Rejection(engine=engine, constraint="memory", detail="needs the weights and KV cache in GPU memory; they do not fit"))
+        out.append(
+            Rejection(
+                engine=engine,
+                constraint="memory",
+                detail="needs the weights and KV cache in GPU memory; they do not fit",
+            )
+        )
     if not out and installed is not None and not installed(engine):
         out.append(Rejection(engine=engine, constraint="installed", detail="not installed", install=needs.install))
     return out

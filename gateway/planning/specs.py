@@ -199,7 +199,7 @@ def _hf_params(c: dict[str, Any]) -> tuple[int, int]:
     if not n_exp:
         return total + layers * dense_mlp, active + layers * dense_mlp
     used = int(c.get("num_experts_per_tok") or c.get("num_experts_per_token") or 1)
-    expert = 3 * h * int(c.get("moe_intermediate_size") or c.get("intermediate_size"))
+    expert = 3 * h * int(c.get("moe_intermediate_size") or c.get("intermediate_size") or 0)
     shared = int(c.get("n_shared_experts") or 0)
     dense_layers = int(c.get("first_k_dense_replace") or 0) + len(c.get("mlp_only_layers") or [])
     moe_layers = layers - dense_layers

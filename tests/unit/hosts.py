@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import gguf
@@ -15,7 +15,7 @@ HOSTS = FIXTURES / "hosts"
 MODELS = FIXTURES / "models"
 
 
-@lru_cache(maxsize=None)
+@cache
 def host(name: str) -> HardwareSnapshot:
     return detect(RecordedSources(HOSTS / name))
 

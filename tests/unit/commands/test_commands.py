@@ -68,7 +68,9 @@ def test_plan_readable_and_errors(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert "no such file" in capsys.readouterr().err
 
 
-def test_doctor_measures_and_detect_then_reports_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_measures_and_detect_then_reports_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("ENGINEGATE_CACHE_DIR", str(tmp_path))
     assert run(["doctor", "--size-mib", "16", "--repeats", "2"]) == 0
     assert "GB/s" in capsys.readouterr().out

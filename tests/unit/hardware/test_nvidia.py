@@ -42,8 +42,11 @@ def test_rtx_2080_ti_compute_capability_7_5() -> None:
 
 
 def test_unknown_gpu_has_null_figures_and_null_fields_stay_null() -> None:
-    rec = {"driver_version": None, "cuda_driver_version": None,
-           "gpus": [{"index": 0, "name": "NVIDIA Imaginary 9000", "memory_total": None, "compute_capability": None}]}
+    rec = {
+        "driver_version": None,
+        "cuda_driver_version": None,
+        "gpus": [{"index": 0, "name": "NVIDIA Imaginary 9000", "memory_total": None, "compute_capability": None}],
+    }
     info = parse_nvml(rec)
     g = info.gpus[0]
     assert g.figures.memory_bandwidth_gbps is None and g.figures.peak_dense_tflops is None

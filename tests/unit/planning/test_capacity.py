@@ -1,6 +1,7 @@
 import pytest
 
 from gateway.planning import (
+    ENGINES,
     decode_tokens_per_s,
     installed_set,
     kv_bytes,
@@ -10,7 +11,6 @@ from gateway.planning import (
     max_context,
     plan,
     prefill_seconds,
-    ENGINES,
 )
 from tests.unit.hosts import MODELS, embedded_gguf, host
 

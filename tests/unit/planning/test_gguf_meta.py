@@ -20,7 +20,11 @@ def test_scan_agrees_with_gguf_reader_on_the_embedded_model() -> None:
         if isinstance(expected, list) and len(expected) > SMALL_ARRAY:
             assert meta.fields[key] is None  # skipped, not decoded
         else:
-            assert meta.fields[key] == pytest.approx(expected) if isinstance(expected, float) else meta.fields[key] == expected
+            assert (
+                meta.fields[key] == pytest.approx(expected)
+                if isinstance(expected, float)
+                else meta.fields[key] == expected
+            )
     assert [(t.name, t.n_elements, t.n_bytes) for t in meta.tensors] == [
         (t.name, int(t.n_elements), int(t.n_bytes)) for t in reader.tensors
     ]

@@ -1,7 +1,7 @@
 """Table-driven engine selection: one row per recipe and edge, with no machine."""
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import pytest
@@ -13,14 +13,16 @@ from tests.unit.hosts import MODELS, embedded_gguf, host
 ALL = installed_set(set(ENGINES))
 
 
-@lru_cache(maxsize=None)
+@cache
 def model(name: str) -> ModelSpec:
     return load_spec(embedded_gguf()) if name == "smollm2" else load_spec(MODELS / name)
 
 
 def llama70_q4_k_m() -> ModelSpec:
     """Llama-3-70B as a Q4_K_M GGUF (4.85 bits per weight): no 42 GB file in the repo, same arithmetic."""
-    return model("llama-3-70b").model_copy(update={"format": "gguf", "bits_per_weight": 4.85, "path": "llama-3-70b.Q4_K_M.gguf"})
+    return model("llama-3-70b").model_copy(
+        update={"format": "gguf", "bits_per_weight": 4.85, "path": "llama-3-70b.Q4_K_M.gguf"}
+    )
 
 
 def one_rtx_4090() -> HardwareSnapshot:
@@ -41,37 +43,119 @@ class Case:
 
 
 CASES = [
-    Case("build machine, embedded GGUF", "build-machine", "smollm2", engine="llamacpp",
-         options={"gpu_layers": 0, "threads": 2, "parallel": 1, "context_length": 8192}, rule="cpu-only"),
-    Case("Raspberry Pi 5 (CPU-only ARM board)", "raspberry-pi-5", "smollm2", engine="llamacpp",
-         options={"threads": 4, "gpu_layers": 0}, rule="cpu-only"),
+    Case(
+        "build machine, embedded GGUF",
+        "build-machine",
+        "smollm2",
+        engine="llamacpp",
+        options={"gpu_layers": 0, "threads": 2, "parallel": 1, "context_length": 8192},
+        rule="cpu-only",
+    ),
+    Case(
+        "Raspberry Pi 5 (CPU-only ARM board)",
+        "raspberry-pi-5",
+        "smollm2",
+        engine="llamacpp",
+        options={"threads": 4, "gpu_layers": 0},
+        rule="cpu-only",
+    ),
     Case("host without NVML", "no-nvml", "smollm2", engine="llamacpp", options={"threads": 8}, rule="cpu-only"),
     Case("M3 Ultra, MLX 4-bit 70B", "mac-studio-m3-ultra", "llama-3-70b-mlx-4bit", engine="mlx", rule="apple-silicon"),
-    Case("M3 Ultra, GGUF-only model -> llama.cpp with Metal", "mac-studio-m3-ultra", "smollm2", engine="llamacpp",
-         options={"gpu_layers": -1}, rule="apple-silicon"),
+    Case(
+        "M3 Ultra, GGUF-only model -> llama.cpp with Metal",
+        "mac-studio-m3-ultra",
+        "smollm2",
+        engine="llamacpp",
+        options={"gpu_layers": -1},
+        rule="apple-silicon",
+    ),
     Case("MacBook Air M2, GGUF", "macbook-air-m2", "smollm2", engine="llamacpp", rule="apple-silicon"),
-    Case("one RTX 3060, EXL2", "rtx-3060", "llama-3-8b-exl2", engine="exllamav2",
-         options={"gpus": 1, "tensor_parallel": False}, rule="one-consumer-rtx"),
+    Case(
+        "one RTX 3060, EXL2",
+        "rtx-3060",
+        "llama-3-8b-exl2",
+        engine="exllamav2",
+        options={"gpus": 1, "tensor_parallel": False},
+        rule="one-consumer-rtx",
+    ),
     Case("one RTX 3060, EXL3 (cc 8.6)", "rtx-3060", "llama-3-8b-exl3", engine="exllamav3", rule="one-consumer-rtx"),
-    Case("one RTX 3060, GGUF", "rtx-3060", "smollm2", engine="llamacpp", options={"gpu_layers": -1}, rule="one-consumer-rtx"),
-    Case("2x RTX 4090 over PCIe, EXL3 70B", "2x-rtx-4090", "llama-3-70b-exl3", engine="exllamav3",
-         options={"gpus": 2, "tensor_parallel": False}, rule="several-nvidia-gpus"),
-    Case("4x A100 with NVLink: tensor parallel", "4x-a100-nvlink", "llama-3-70b", Workload(concurrency=32),
-         engine="vllm", options={"tensor_parallel_size": 4, "pipeline_parallel_size": 1, "max_num_seqs": 32}),
-    Case("4x A100 over PCIe: pipeline parallel", "4x-a100-pcie", "llama-3-70b", Workload(concurrency=32),
-         engine="vllm", options={"tensor_parallel_size": 1, "pipeline_parallel_size": 4}),
-    Case("MoE, 128k context, 8x H100", "hgx-8x-h100", "qwen3-30b-a3b", Workload(context_length=131072, concurrency=8),
-         engine="sglang", options={"context_length": 131072, "tp_size": 4, "pp_size": 1},
-         rule="long-context-moe-or-shared-prefixes"),
-    Case("Mixtral in production on 8x H100", "hgx-8x-h100", "mixtral-8x7b", Workload(mode="production"), engine="sglang"),
-    Case("production serving, dense 8B", "hgx-8x-h100", "llama-3-8b", Workload(mode="production"), engine="vllm",
-         options={"tensor_parallel_size": 1}, rule="production"),
-    Case("production with shared prefixes", "hgx-8x-h100", "llama-3-8b", Workload(mode="production", shared_prefix=True),
-         engine="sglang"),
-    Case("maximum NVIDIA throughput", "hgx-8x-h100", "llama-3-8b", Workload(mode="production", objective="throughput"),
-         engine="tensorrt_llm", rule="max-nvidia-performance"),
-    Case("fleet across nodes", "hgx-8x-h100", "llama-3-8b", Workload(mode="fleet", nodes=4, shared_prefix=True),
-         engine="dynamo", options={"router_mode": "kv"}, rule="fleet"),
+    Case(
+        "one RTX 3060, GGUF",
+        "rtx-3060",
+        "smollm2",
+        engine="llamacpp",
+        options={"gpu_layers": -1},
+        rule="one-consumer-rtx",
+    ),
+    Case(
+        "2x RTX 4090 over PCIe, EXL3 70B",
+        "2x-rtx-4090",
+        "llama-3-70b-exl3",
+        engine="exllamav3",
+        options={"gpus": 2, "tensor_parallel": False},
+        rule="several-nvidia-gpus",
+    ),
+    Case(
+        "4x A100 with NVLink: tensor parallel",
+        "4x-a100-nvlink",
+        "llama-3-70b",
+        Workload(concurrency=32),
+        engine="vllm",
+        options={"tensor_parallel_size": 4, "pipeline_parallel_size": 1, "max_num_seqs": 32},
+    ),
+    Case(
+        "4x A100 over PCIe: pipeline parallel",
+        "4x-a100-pcie",
+        "llama-3-70b",
+        Workload(concurrency=32),
+        engine="vllm",
+        options={"tensor_parallel_size": 1, "pipeline_parallel_size": 4},
+    ),
+    Case(
+        "MoE, 128k context, 8x H100",
+        "hgx-8x-h100",
+        "qwen3-30b-a3b",
+        Workload(context_length=131072, concurrency=8),
+        engine="sglang",
+        options={"context_length": 131072, "tp_size": 4, "pp_size": 1},
+        rule="long-context-moe-or-shared-prefixes",
+    ),
+    Case(
+        "Mixtral in production on 8x H100", "hgx-8x-h100", "mixtral-8x7b", Workload(mode="production"), engine="sglang"
+    ),
+    Case(
+        "production serving, dense 8B",
+        "hgx-8x-h100",
+        "llama-3-8b",
+        Workload(mode="production"),
+        engine="vllm",
+        options={"tensor_parallel_size": 1},
+        rule="production",
+    ),
+    Case(
+        "production with shared prefixes",
+        "hgx-8x-h100",
+        "llama-3-8b",
+        Workload(mode="production", shared_prefix=True),
+        engine="sglang",
+    ),
+    Case(
+        "maximum NVIDIA throughput",
+        "hgx-8x-h100",
+        "llama-3-8b",
+        Workload(mode="production", objective="throughput"),
+        engine="tensorrt_llm",
+        rule="max-nvidia-performance",
+    ),
+    Case(
+        "fleet across nodes",
+        "hgx-8x-h100",
+        "llama-3-8b",
+        Workload(mode="fleet", nodes=4, shared_prefix=True),
+        engine="dynamo",
+        options={"router_mode": "kv"},
+        rule="fleet",
+    ),
     Case("AMD MI300X", "2x-mi300x", "llama-3-70b", engine="vllm", rule="amd"),
 ]
 
@@ -152,7 +236,9 @@ def test_context_is_capped_to_fit_when_the_workload_does_not_set_it() -> None:
     # a 12 GB card holds SmolLM2 at its full 8,192-token context for 4 sequences: no cap
     small = plan(host("rtx-3060"), model("smollm2"), Workload(concurrency=4), installed=ALL)
     assert small.options["context_length"] == 8192
-    big = plan(host("hgx-8x-h100"), model("llama-3-70b").model_copy(update={"context_length": 2_000_000}), installed=ALL)
+    big = plan(
+        host("hgx-8x-h100"), model("llama-3-70b").model_copy(update={"context_length": 2_000_000}), installed=ALL
+    )
     # 2M tokens x 327,680 B = 655 GB of KV + 141 GB of weights > 8 x 81,559 MiB x 0.9 = 615.6 GB;
     # (615.6 - 141.1) GB / 327,680 B = ~1.448M tokens fit, rounded down to a multiple of 256
     assert big.capacity and big.capacity.fit == "fast" and big.capacity.devices_used == 8

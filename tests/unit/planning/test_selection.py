@@ -24,10 +24,21 @@ def test_user_rules_come_first_and_engines_can_be_overridden(tmp_path: Path) -> 
     from gateway.planning import load_spec
 
     user = tmp_path / "mine.yaml"
-    user.write_text(yaml.safe_dump({
-        "engines": {"vllm": {"formats": ["gguf", "bf16"]}},
-        "rules": [{"name": "site-policy", "when": {"accelerator": "none"}, "prefer": ["vllm"], "because": "our CPU fleet runs vLLM"}],
-    }))
+    user.write_text(
+        yaml.safe_dump(
+            {
+                "engines": {"vllm": {"formats": ["gguf", "bf16"]}},
+                "rules": [
+                    {
+                        "name": "site-policy",
+                        "when": {"accelerator": "none"},
+                        "prefer": ["vllm"],
+                        "because": "our CPU fleet runs vLLM",
+                    }
+                ],
+            }
+        )
+    )
     book = load_rules(user)
     assert book.rules[0].name == "site-policy" and len(book.rules) == len(load_rules().rules) + 1
     assert book.engines["vllm"].formats == ("gguf", "bf16")
@@ -38,7 +49,11 @@ def test_user_rules_come_first_and_engines_can_be_overridden(tmp_path: Path) -> 
 
 def test_replace_rules(tmp_path: Path) -> None:
     user = tmp_path / "only.yaml"
-    user.write_text(yaml.safe_dump({"replace_rules": True, "rules": [{"name": "only", "when": {}, "prefer": ["llamacpp"], "because": "x"}]}))
+    user.write_text(
+        yaml.safe_dump(
+            {"replace_rules": True, "rules": [{"name": "only", "when": {}, "prefer": ["llamacpp"], "because": "x"}]}
+        )
+    )
     assert [r.name for r in load_rules(user).rules] == ["only"]
 
 
@@ -84,7 +99,9 @@ def test_prefill_or_decode_heavy(prompt: int, output: int, heavy: str) -> None:
 def test_real_installed_check() -> None:
     import importlib.util
 
-    assert is_installed("llamacpp") == (importlib.util.find_spec("llama_cpp") is not None or __import__("shutil").which("llama-server") is not None)
+    assert is_installed("llamacpp") == (
+        importlib.util.find_spec("llama_cpp") is not None or __import__("shutil").which("llama-server") is not None
+    )
     assert is_installed("tensorrt_llm") is False or importlib.util.find_spec("tensorrt_llm") is not None
     with pytest.raises(KeyError):
         is_installed("nope")

@@ -82,7 +82,9 @@ def test_awq_gptq_and_hybrid(tmp_path: Path) -> None:
     base = json.loads((MODELS / "llama-3-8b" / "config.json").read_text())
     awq = tmp_path / "awq"
     awq.mkdir()
-    (awq / "config.json").write_text(json.dumps({**base, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}))
+    (awq / "config.json").write_text(
+        json.dumps({**base, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}})
+    )
     s = load_spec(awq)
     assert (s.format, s.bits_per_weight) == ("awq", 4.25)
     hybrid = tmp_path / "hybrid"
@@ -107,7 +109,10 @@ def test_weight_files_on_disk_win_over_the_estimate(tmp_path: Path) -> None:
         (lambda p: p, "no such file"),
         (lambda p: (p.mkdir(), p)[1], "no config.json"),
         (lambda p: (p.with_suffix(".bin").write_bytes(b"x"), p.with_suffix(".bin"))[1], "expected a .gguf"),
-        (lambda p: (p.with_suffix(".gguf").write_bytes(b"not a gguf"), p.with_suffix(".gguf"))[1], "not a readable GGUF"),
+        (
+            lambda p: (p.with_suffix(".gguf").write_bytes(b"not a gguf"), p.with_suffix(".gguf"))[1],
+            "not a readable GGUF",
+        ),
     ],
 )
 def test_bad_paths_give_clear_errors(tmp_path: Path, make, match: str) -> None:  # type: ignore[no-untyped-def]
