@@ -1,13 +1,14 @@
 """`detect()`: run every probe in isolation and assemble one frozen snapshot.
 
-A probe that raises or outlives its timeout leaves its part null and adds a ProbeIssue;
-it never breaks the others. Each probe runs in a daemon thread so a hung driver call
-cannot hold the process at exit.
+A probe that raises or outlives the timeout leaves its part null and adds a ProbeIssue;
+it never breaks the others. The probes run at once, each in a daemon thread, so a hung
+driver call neither delays the others nor holds the process at exit.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,25 +29,21 @@ def _probe_nvidia(sources: Sources) -> NvidiaInfo | None:
     return info if info.gpus else None
 
 
-def _run(name: str, probe: Callable[[], Any], timeout: float) -> tuple[Any, ProbeIssue | None]:
-    box: dict[str, Any] = {}
+class _Probe(threading.Thread):
+    def __init__(self, name: str, probe: Callable[[], Any]) -> None:
+        super().__init__(name=f"probe-{name}", daemon=True)
+        self.probe_name = name
+        self.probe = probe
+        self.value: Any = None
+        self.issue: str | None = None
 
-    def target() -> None:
+    def run(self) -> None:
         try:
-            box["value"] = probe()
+            self.value = self.probe()
         except ProbeUnavailable as exc:
-            box["issue"] = str(exc)
+            self.issue = str(exc)
         except Exception as exc:  # a probe's failure must never break detection
-            box["issue"] = f"{type(exc).__name__}: {exc}"
-
-    thread = threading.Thread(target=target, name=f"probe-{name}", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        return None, ProbeIssue(probe=name, reason=f"timed out after {timeout:g} s")
-    if "issue" in box:
-        return None, ProbeIssue(probe=name, reason=box["issue"])
-    return box.get("value"), None
+            self.issue = f"{type(exc).__name__}: {exc}"
 
 
 def detect(sources: Sources | None = None, timeout: float = PROBE_TIMEOUT_S) -> HardwareSnapshot:
@@ -58,13 +55,21 @@ def detect(sources: Sources | None = None, timeout: float = PROBE_TIMEOUT_S) -> 
         "apple": lambda: probe_apple(src),
         "amd": lambda: probe_amd(src),
     }
+    threads = [_Probe(name, probe) for name, probe in probes.items()]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
     results: dict[str, Any] = {}
     issues: list[ProbeIssue] = []
-    for name, probe in probes.items():
-        value, issue = _run(name, probe, timeout)
-        results[name] = value
-        if issue is not None:
-            issues.append(issue)
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            issues.append(ProbeIssue(probe=t.probe_name, reason=f"timed out after {timeout:g} s"))
+            results[t.probe_name] = None
+            continue
+        results[t.probe_name] = t.value
+        if t.issue is not None:
+            issues.append(ProbeIssue(probe=t.probe_name, reason=t.issue))
     cpu = results["cpu"] or CpuInfo(architecture=src.machine())
     measured = src.measured_bandwidth(cpu.model)
     if measured is not None:
