@@ -96,10 +96,13 @@ def load_gguf(path: Path) -> ModelSpec:
     hidden = get("embedding_length")
     heads = get("attention.head_count")
     kv_heads = get("attention.head_count_kv")
-    if isinstance(heads, list):  # per-layer head counts (some hybrid models)
+    ssm_layers = 0
+    if isinstance(heads, list):  # per-layer head counts (hybrid models: 0 marks an SSM layer)
         heads = max(heads)
     if isinstance(kv_heads, list):
+        ssm_layers = sum(1 for n in kv_heads if n == 0)
         kv_heads = max(kv_heads)
+    kv_lora = get("attention.kv_lora_rank")
     head_dim = get("attention.key_length") or (hidden // heads if hidden and heads else None)
     experts = get("expert_count") or None
     experts_used = get("expert_used_count") or None
@@ -120,7 +123,7 @@ def load_gguf(path: Path) -> ModelSpec:
         format="gguf",
         name=meta.fields.get("general.name"),
         architecture=str(arch),
-        family="moe" if experts else "dense",
+        family="hybrid" if ssm_layers else "moe" if experts else "dense",
         quantization=quant,
         bits_per_weight=round(data_bytes * 8 / total, 3) if total else None,
         file_bytes=path.stat().st_size,
@@ -134,9 +137,23 @@ def load_gguf(path: Path) -> ModelSpec:
         context_length=get("context_length"),
         experts=experts,
         experts_used=experts_used,
+        attention="mla" if kv_lora else "gqa",
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=get("rope.dimension_count") if kv_lora else None,
         sliding_window=window,
-        sliding_layers=(layers // 2) if window and arch.startswith("gemma2") else 0,
+        sliding_layers=_gguf_sliding_layers(str(arch), layers, window),
+        ssm_layers=ssm_layers,
     )
+
+
+def _gguf_sliding_layers(arch: str, layers: int | None, window: int | None) -> int:
+    if not window or not layers:
+        return 0
+    if arch == "gemma2":
+        return layers // 2  # alternating local and global layers
+    if arch == "gemma3":
+        return layers - layers // 6  # five local layers to each global one
+    return 0
 
 
 # ---------------------------------------------------------------- Hugging Face directories

@@ -71,3 +71,26 @@ def test_not_a_gguf(tmp_path: Path) -> None:
     f.write_bytes(b"GGUF\x03\0\0\0" + b"\x05" + b"\0" * 3)
     with pytest.raises(GgufFormatError, match="truncated"):
         read_gguf_meta(f)
+
+
+def test_mla_gguf_from_deepseek2_metadata(tmp_path: Path) -> None:
+    f = tmp_path / "mla.gguf"
+    w = gguf.GGUFWriter(str(f), "deepseek2")
+    w.add_block_count(2)
+    w.add_context_length(4096)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_head_count_kv(4)
+    w.add_uint32("deepseek2.attention.kv_lora_rank", 16)
+    w.add_rope_dimension_count(8)
+    w.add_tensor("token_embd.weight", np.zeros((10, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    s = load_spec(f)
+    assert (s.attention, s.kv_lora_rank, s.qk_rope_head_dim) == ("mla", 16, 8)
+    from gateway.planning import kv_bytes_per_token
+
+    # (16 + 8) x 2 layers x 2 bytes = 96 bytes per token
+    assert kv_bytes_per_token(s, "fp16") == (96, 0)
