@@ -253,3 +253,13 @@ def test_every_plan_lists_candidates_and_rejections_with_their_rule_and_constrai
     rejected = {(r.engine, r.constraint) for r in p.rejected}
     assert ("exllamav2", "format") in rejected and ("exllamav3", "format") in rejected
     assert ("mlx", "format") in rejected
+
+
+def test_a_model_larger_than_ram_but_not_than_ram_plus_vram_is_split() -> None:
+    # RTX 3060: 12,288 MiB x 0.9 = 11.60 GB usable; RAM available 23.6 GB (fixture); a 3.2-bit
+    # 70B is 28.2 GB + 2.7 GB of KV = 30.9 GB: too big for either alone, not for both together
+    spec = llama70_q4_k_m().model_copy(update={"bits_per_weight": 3.2})
+    p = plan(host("rtx-3060"), spec, installed=ALL)
+    assert p.engine == "llamacpp"
+    assert p.capacity and p.capacity.fit == "system" and p.capacity.memory == "split"
+    assert 0 < p.options["gpu_layers"] < 80
