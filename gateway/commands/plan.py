@@ -37,7 +37,10 @@ def describe(p: Plan) -> str:
     lines += [f"why      {r}" for r in p.reasons]
     lines += [f"warning  {w}" for w in p.warnings]
     lines += [f"ranked   {c.rank}. {c.engine} [rule: {c.rule}]" for c in p.candidates]
-    lines += [f"rejected {r.engine}: {r.detail}" + (f" ({r.install})" if r.install else "") for r in p.rejected]
+    grouped: dict[str, list[str]] = {}
+    for r in p.rejected:
+        grouped.setdefault(r.engine, []).append(r.detail + (f" ({r.install})" if r.install else ""))
+    lines += [f"rejected {engine}: {'; '.join(details)}" for engine, details in grouped.items()]
     return "\n".join(lines)
 
 
@@ -66,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser("plan", help="choose an engine for a model on this host and explain why")
-    p.add_argument("--model", help="a .gguf file or a model directory with config.json (default: the embedded SmolLM2)")
+    p.add_argument(
+        "--model",
+        help="a .gguf file, a model directory with config.json, or a ModelSpec JSON (default: the embedded SmolLM2)",
+    )
     p.add_argument("--hardware", help="a HardwareSnapshot JSON (from `enginegate detect --json`) instead of detecting")
     p.add_argument(
         "--workload",

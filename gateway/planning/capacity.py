@@ -138,6 +138,8 @@ class Capacity(BaseModel):
     decode_tokens_per_s: float | None
     """Upper bound for one sequence at `sequence_tokens` tokens of KV; null when bandwidth is unknown."""
     sequence_tokens: int
+    bytes_per_token: int
+    """Bytes one decode step reads: active weights + the KV of `sequence_tokens` tokens."""
     prefill_seconds: float | None
     prompt_tokens: int
     prefill_efficiency: float = PREFILL_EFFICIENCY
@@ -204,6 +206,7 @@ def assess(
         bandwidth_gbps=bandwidth,
         decode_tokens_per_s=decode,
         sequence_tokens=seq_tokens,
+        bytes_per_token=active + per_token_kv,
         prefill_seconds=prefill,
         prompt_tokens=prompt_tokens,
     )

@@ -28,6 +28,7 @@ class Plan(BaseModel):
     warnings: tuple[str, ...] = ()
     installed: bool = True
     model: str | None = None
+    spec: ModelSpec | None = None
     candidates: tuple[Candidate, ...] = ()
     rejected: tuple[Rejection, ...] = ()
     capacity: Capacity | None = None
@@ -208,7 +209,8 @@ def _explain(
     if rate is not None:
         reasons.append(
             f"decode at most ~{rate:.0f} tokens/s per sequence "
-            f"({cap.bandwidth_gbps or 0:.0f} GB/s over {_gb(cap.active_weights_bytes)} read per token)"
+            f"({cap.bandwidth_gbps or 0:.0f} GB/s over {_gb(cap.bytes_per_token)} read per token: "
+            f"weights + KV of {cap.sequence_tokens} tokens)"
         )
     if cap.prefill_seconds is not None:
         reasons.append(
@@ -307,6 +309,7 @@ def plan(
         warnings=tuple(warnings),
         installed=is_present,
         model=spec.path,
+        spec=spec,
         candidates=tuple(ranked),
         rejected=tuple(rejected),
         capacity=cap,

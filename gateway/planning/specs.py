@@ -312,6 +312,11 @@ def load_spec(path: Path) -> ModelSpec:
         raise SpecError(f"{path}: no such file or directory")
     if path.name == "config.json":
         return load_hf_dir(path.parent)
+    if path.suffix == ".json":  # a ModelSpec written out before (e.g. for a model not on this machine)
+        try:
+            return ModelSpec.model_validate_json(path.read_text())
+        except ValueError as exc:
+            raise SpecError(f"{path}: neither config.json nor a ModelSpec JSON ({exc})") from exc
     if path.suffix == ".gguf":
         return load_gguf(path)
-    raise SpecError(f"{path}: expected a .gguf file or a model directory with config.json")
+    raise SpecError(f"{path}: expected a .gguf file, a model directory with config.json, or a ModelSpec JSON")

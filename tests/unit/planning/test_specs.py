@@ -118,3 +118,13 @@ def test_weight_files_on_disk_win_over_the_estimate(tmp_path: Path) -> None:
 def test_bad_paths_give_clear_errors(tmp_path: Path, make, match: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SpecError, match=match):
         load_spec(make(tmp_path / "model"))
+
+
+def test_a_spec_json_round_trips_through_load_spec(tmp_path: Path) -> None:
+    spec = load_spec(MODELS / "deepseek-v3")
+    f = tmp_path / "deepseek.json"
+    f.write_text(spec.model_dump_json())
+    assert load_spec(f) == spec
+    f.write_text('{"not": "a spec"}')
+    with pytest.raises(SpecError, match="ModelSpec JSON"):
+        load_spec(f)
