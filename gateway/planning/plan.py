@@ -239,6 +239,10 @@ def _explain(
         warnings.append("MIG is enabled: engines see MIG slices, not whole GPUs, and memory figures above are per GPU")
 
 
+# Engines run in another mode of a planned engine: planned as that engine, served by this adapter.
+SERVED_AS: dict[str, str] = {"llama_server": "llamacpp"}
+
+
 def plan(
     snapshot: HardwareSnapshot,
     spec: ModelSpec,
@@ -247,6 +251,8 @@ def plan(
     installed: Installed | None = None,
     rules: RuleBook | Path | None = None,
 ) -> Plan:
+    mode = requested_engine if requested_engine in SERVED_AS else None
+    requested_engine = SERVED_AS.get(requested_engine, requested_engine)
     w = workload or Workload()
     check = installed or is_installed
     book = rules if isinstance(rules, RuleBook) else load_rules(rules)
@@ -302,8 +308,10 @@ def plan(
     lay = _layout(chosen.engine, pool, fit, spec, w, snapshot, context)
     cap = _capacity(spec, pool, fit, lay, w, snapshot)
     _explain(chosen.engine, cap, lay, pool, snapshot, reasons, warnings)
+    if mode == "llama_server":
+        reasons.append("llama.cpp runs as llama-server, its own process: concurrent requests share its slots")
     return Plan(
-        engine=chosen.engine,
+        engine=mode or chosen.engine,
         options=engine_options(chosen.engine, lay),
         reasons=tuple(reasons),
         warnings=tuple(warnings),

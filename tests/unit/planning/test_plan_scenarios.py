@@ -232,6 +232,14 @@ def test_requested_engine_is_honoured_and_its_failed_constraints_become_warnings
         plan(host("build-machine"), model("smollm2"), requested_engine="nope", installed=ALL)
 
 
+def test_llama_server_is_planned_as_llamacpp_and_served_by_its_own_adapter() -> None:
+    in_process = plan(host("build-machine"), model("smollm2"), requested_engine="llamacpp", installed=ALL)
+    served = plan(host("build-machine"), model("smollm2"), requested_engine="llama_server", installed=ALL)
+    assert served.engine == "llama_server"
+    assert served.options == in_process.options and {"threads", "parallel", "context_length"} <= set(served.options)
+    assert any("runs as llama-server" in r for r in served.reasons)
+
+
 def test_context_is_capped_to_fit_when_the_workload_does_not_set_it() -> None:
     # a 12 GB card holds SmolLM2 at its full 8,192-token context for 4 sequences: no cap
     small = plan(host("rtx-3060"), model("smollm2"), Workload(concurrency=4), installed=ALL)
