@@ -36,6 +36,9 @@ class Runtime:
         models = ModelRegistry()
         plans: dict[str, Any] = {}
         for index, config in enumerate(settings.models):
+            if config.engine != "auto" and not getattr(registry.get(config.engine), "local_weights", True):
+                models.add(_remote_backend(config, first=index == 0))
+                continue
             resolved = modelsource.resolve(config.source)
             model_id = config.name or resolved.default_id
             spec = planning.load_spec(Path(resolved.path))
@@ -86,6 +89,22 @@ class Runtime:
                 lines.append(f"  note:   {warning}")
         lines.append(f"  listen: http://{host}:{port}/v1  (OpenAI-compatible; metrics at /metrics)")
         return "\n".join(lines)
+
+
+def _remote_backend(config: ModelConfig, first: bool) -> Backend:
+    """A model served elsewhere (engine: openai): nothing to resolve or plan here."""
+    model_id = config.name or config.source
+    adapter = registry.get(config.engine)(config.model_copy(update={"name": model_id}), {})
+    concurrency = int(config.options.get("max_concurrency", 64))
+    aliases = tuple(config.aliases) + (("default",) if first else ())
+    return Backend(
+        model_id=model_id,
+        adapter=adapter,
+        admission=Admission(concurrency=concurrency, max_queue=config.max_queue),
+        aliases=tuple(dict.fromkeys(a for a in aliases if a != model_id)),
+        created=int(time.time()),
+        info={"origin": "remote", "path": adapter.describe().get("base_url", "")},
+    )
 
 
 def _config_options(config: ModelConfig) -> dict[str, Any]:

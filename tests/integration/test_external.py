@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 import uvicorn
 
-from adapters.base import EngineError
+from adapters.base import Completion, EngineError, RequestContext
 from adapters.external import ExternalAdapter
 from adapters.process import free_port
 from gateway.app import create_app
@@ -95,3 +95,19 @@ def test_configuration_errors_are_clear(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("ENGINEGATE_TEST_KEY", "sk-env")
     made = make(base_url="http://h:1/v1/", api_key_env="ENGINEGATE_TEST_KEY")
     assert made.upstream.base_url == "http://h:1" and made.upstream.api_key == "sk-env" and made.upstream.model == "x"
+
+
+async def test_engine_openai_from_configuration(emu: RunningEmulator) -> None:
+    """Settings -> Runtime.build: a remote model needs no local file and no plan."""
+    config = ModelConfig(source="remote-model", name="remote", engine="openai",
+                         options={"base_url": emu.base_url, "api_key": KEY, "upstream_model": "emulated-model"})
+    runtime = Runtime.build(Settings(models=(config,)))
+    backend = runtime.models.get("remote")
+    assert backend is not None and backend.engine == "openai" and runtime.models.get("default") is backend
+    await runtime.start()
+    try:
+        result = await backend.adapter.chat({"model": "remote", "messages": [{"role": "user", "content": "x"}]},
+                                            RequestContext("r", "remote"))
+        assert isinstance(result, Completion) and result.usage is not None and result.usage.completion_tokens == 4
+    finally:
+        await runtime.stop()
