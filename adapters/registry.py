@@ -15,6 +15,7 @@ from adapters.base import Adapter
 
 _BUILTIN: dict[str, str] = {
     "llamacpp": "adapters.llamacpp:LlamaCppAdapter",
+    "mlx": "adapters.mlx:MLXAdapter",
 }
 _registered: dict[str, type[Adapter]] = {}
 
