@@ -16,6 +16,9 @@ from adapters.base import Adapter
 _BUILTIN: dict[str, str] = {
     "llamacpp": "adapters.llamacpp:LlamaCppAdapter",
     "mlx": "adapters.mlx:MLXAdapter",
+    "llama_server": "adapters.llama_server:LlamaServerAdapter",
+    "openai": "adapters.external:ExternalAdapter",
+    "external": "adapters.external:ExternalAdapter",
 }
 _registered: dict[str, type[Adapter]] = {}
 

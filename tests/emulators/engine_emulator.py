@@ -1,0 +1,566 @@
+"""A fast, configurable fake of an engine's OpenAI-compatible server, run as a real process.
+
+    python -m tests.emulators.engine_emulator --style vllm --port 8000 [--ttft-ms 50 --itl-ms 10 ...]
+
+Output is deterministic: completion token i is the word ``tok<i>`` (joined by spaces), the
+completion has min(max_tokens, --tokens) tokens (``ignore_eos`` makes it exactly max_tokens,
+``min_tokens`` raises it), and prompt tokens are the whitespace-separated words of every
+message's text. Once ready it prints ``emulator ready on http://127.0.0.1:P style=S``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import random
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from tests.emulators.emulator_metrics import EmulatorMetrics
+from tests.emulators.styles import STYLES, ErrorReply, Json, Style, get_style
+
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+
+
+@dataclass(frozen=True)
+class Config:
+    style: str
+    host: str
+    port: int
+    model: str
+    tokens: int
+    max_model_len: int
+    api_key: str | None
+    startup_delay: float
+    ttft: float
+    itl: float
+    crash_after: int | None
+    stall_after: int | None
+    malformed_after: int | None
+    error_after: int | None
+    error_rate: float
+    seed: int
+    fail_status: int | None
+    parallel: int
+    metrics: bool
+    embedding_dim: int
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def count_words(value: Any) -> int:
+    """Prompt 'tokens': words of text, one per token id, recursing through lists and parts."""
+    if isinstance(value, str):
+        return len(value.split())
+    if isinstance(value, int) and not isinstance(value, bool):
+        return 1
+    if isinstance(value, list):
+        return sum(count_words(v) for v in value)
+    if isinstance(value, dict):
+        if value.get("type", "text") == "text" and "text" in value:
+            return count_words(value["text"])
+        if "content" in value:
+            return count_words(value["content"])
+    return 0
+
+
+def token_text(i: int) -> str:
+    return f"tok{i}" if i == 0 else f" tok{i}"
+
+
+def _positive_int(body: Json, key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"{key} must be a non-negative integer, got {value!r}", param=key)
+    return value
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one generation request will produce."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None  # as requested; the context check uses it, as engines do
+
+
+def plan_generation(body: Json, chat: bool, default_tokens: int) -> Plan:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list", param="messages")
+        prompt_tokens = sum(count_words(m.get("content")) for m in messages if isinstance(m, dict))
+    else:
+        if "prompt" not in body:
+            raise BadRequest("prompt is required", param="prompt")
+        prompt_tokens = count_words(body["prompt"])
+    max_tokens = _positive_int(body, "max_completion_tokens") if chat else None
+    if max_tokens is None:
+        max_tokens = _positive_int(body, "max_tokens")
+    min_tokens = _positive_int(body, "min_tokens") or 0
+    n = default_tokens if max_tokens is None else min(max_tokens, default_tokens)
+    if body.get("ignore_eos") and max_tokens is not None:
+        n = max_tokens
+    n = max(n, min_tokens)
+    if max_tokens is not None:
+        n = min(n, max_tokens)
+    finish = "length" if max_tokens is not None and n >= max_tokens else "stop"
+    options = body.get("stream_options") or {}
+    return Plan(prompt_tokens, n, finish, bool(body.get("stream")), bool(options.get("include_usage")), max_tokens)
+
+
+def usage(prompt: int, completion: int) -> Json:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def json_response(reply: ErrorReply) -> web.Response:
+    if reply.body is None:
+        return web.Response(status=reply.status)
+    return web.Response(status=reply.status, body=orjson.dumps(reply.body), content_type="application/json")
+
+
+def embedding(text: str, dim: int) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()
+    return [(digest[i % len(digest)] - 127.5) / 127.5 for i in range(dim)]
+
+
+class Emulator:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.style: Style = get_style(cfg.style)
+        self.ready = asyncio.Event()
+        self.rng = random.Random(cfg.seed)
+        self.metrics = EmulatorMetrics(self.style, cfg.model)
+        self.slots = asyncio.Semaphore(cfg.parallel) if cfg.parallel > 0 else None
+        self.processing = 0
+        self.generation_failed = False
+        self.created = int(time.time())
+
+    # --- application --------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self.gate])
+        r = app.router
+        r.add_get("/v1/models", self.models)
+        r.add_get("/models", self.models)
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/v1/completions", self.completions)
+        if self.style.embeddings:
+            r.add_post("/v1/embeddings", self.embeddings)
+        r.add_get("/health", self.health)
+        if self.style.metrics_path:
+            r.add_get(self.style.metrics_path, self.prometheus)
+        name = self.style.name
+        if name == "llamacpp":
+            r.add_get("/slots", self.slots_route)
+            r.add_get("/props", self.props)
+            r.add_get("/v1/health", self.health)
+        if name in ("sglang", "trtllm"):
+            r.add_get("/health_generate", self.health)
+        if name == "sglang":
+            r.add_get("/ready", self.health)
+        if name == "trtllm":
+            r.add_get("/metrics", self.trtllm_json_metrics)
+        if name in ("trtllm", "vllm"):
+            r.add_get("/version", self.version)
+        if name == "dynamo":
+            r.add_get("/live", self.live)
+        if name == "tabby":
+            r.add_get("/v1/model", self.tabby_model)
+        return app
+
+    def error(self, status: int, message: str, param: str | None = None) -> web.Response:
+        return json_response(self.style.error(status, message, param))
+
+    @web.middleware
+    async def gate(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        path = request.path
+        loading = not self.ready.is_set()
+        if loading and self.style.loading == "503" and path not in ("/v1/models", "/models"):
+            return self.error(503, "Loading model")
+        if loading and self.style.loading == "warmup" and path in ("/health", "/health_generate", "/ready"):
+            return web.Response(status=503)
+        if loading and self.style.loading == "models_empty" and path in GENERATION_PATHS:
+            return web.Response(status=404)  # Dynamo: no worker yet, a bare 404
+        if self.cfg.api_key and path not in self.style.public_paths and not self.authorized(request):
+            return json_response(self.style.auth_error())
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:
+            return self.error(404, f"Not Found: {path}")
+        except web.HTTPMethodNotAllowed:
+            return self.error(405, f"Method Not Allowed: {request.method} {path}")
+
+    def authorized(self, request: web.Request) -> bool:
+        expected = self.cfg.api_key
+        if request.headers.get("Authorization", "") == f"Bearer {expected}":
+            return True
+        return self.style.accepts_x_api_key and request.headers.get("x-api-key") == expected
+
+    # --- plain routes -------------------------------------------------------------------
+    async def models(self, request: web.Request) -> web.Response:
+        entries = [] if not self.ready.is_set() and self.style.loading == "models_empty" else [
+            self.style.model_entry(self.cfg.model, self.created, self.cfg.max_model_len)
+        ]
+        return web.json_response(self.style.models_list(entries), dumps=lambda o: orjson.dumps(o).decode())
+
+    async def health(self, request: web.Request) -> web.Response:
+        name = self.style.name
+        if name == "llamacpp" or name == "mlx":
+            return web.json_response({"status": "ok"})
+        if name == "tabby":
+            if self.generation_failed:
+                return web.json_response({"status": "unhealthy", "issues": ["generation error"]}, status=503)
+            return web.json_response({"status": "healthy", "issues": []})
+        if name == "dynamo":
+            return web.json_response({"status": "healthy", "endpoints": [], "instances": []})
+        return web.Response(status=200)
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "live"})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": f"emulated-{self.style.name}"})
+
+    async def slots_route(self, request: web.Request) -> web.Response:
+        n = max(self.cfg.parallel, 1)
+        busy = self.processing
+        return web.json_response([
+            {"id": i, "n_ctx": self.cfg.max_model_len // n, "is_processing": i < busy, "speculative": False}
+            for i in range(n)
+        ])
+
+    async def props(self, request: web.Request) -> web.Response:
+        return web.json_response({"total_slots": max(self.cfg.parallel, 1), "model_path": self.cfg.model,
+                                  "default_generation_settings": {"n_ctx": self.cfg.max_model_len}})
+
+    async def tabby_model(self, request: web.Request) -> web.Response:
+        return web.json_response({"id": self.cfg.model, "object": "model", "owned_by": "tabbyAPI",
+                                  "parameters": {"max_seq_len": self.cfg.max_model_len}})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        if self.style.metrics_need_flag and not self.cfg.metrics:
+            return self.error(501, "This server does not support metrics endpoint. Start it with `--metrics`")
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def trtllm_json_metrics(self, request: web.Request) -> web.Response:
+        return web.json_response([{"iter": 0, "numActiveRequests": self.processing, "gpuMemUsage": 0,
+                                   "kvCacheStats": {"usedNumBlocks": 0, "maxNumBlocks": 1024}}])
+
+    # --- generation ---------------------------------------------------------------------
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self.generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.generate(request, chat=False)
+
+    async def read_body(self, request: web.Request) -> Json:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"invalid JSON body: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        return body
+
+    def injected_failure(self) -> web.Response | None:
+        if self.cfg.fail_status is not None:
+            return self.error(self.cfg.fail_status, f"injected failure (status {self.cfg.fail_status})")
+        if self.cfg.error_rate > 0 and self.rng.random() < self.cfg.error_rate:
+            return self.error(500, "injected internal error")
+        return None
+
+    async def admit(self, request: web.Request) -> tuple[Json, web.Response | None]:
+        """Parse and validate a generation request; a non-None response ends it early."""
+        try:
+            body = await self.read_body(request)
+        except BadRequest as exc:
+            return {}, self.error(400, str(exc), exc.param)
+        failure = self.injected_failure()
+        if failure is not None:
+            return body, failure
+        model = body.get("model")
+        if self.style.name in ("vllm", "dynamo") and model is not None and model != self.cfg.model:
+            return body, self.error(404, f"The model `{model}` does not exist.", "model")
+        if not self.ready.is_set():  # SGLang warmup and MLX loading: requests wait
+            await self.ready.wait()
+        return body, None
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body, early = await self.admit(request)
+        if early is not None:
+            return early
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs:
+            return self.error(400, "input must be a string or a non-empty list", "input")
+        data = [{"object": "embedding", "index": i, "embedding": embedding(str(x), self.cfg.embedding_dim)}
+                for i, x in enumerate(inputs)]
+        tokens = count_words(inputs)
+        return web.json_response({"object": "list", "data": data, "model": self.cfg.model,
+                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    async def generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        body, early = await self.admit(request)
+        if early is not None:
+            return early
+        try:
+            plan = plan_generation(body, chat, self.cfg.tokens)
+        except BadRequest as exc:
+            return self.error(400, str(exc), exc.param)
+        wanted = plan.prompt_tokens + (plan.max_tokens if plan.max_tokens is not None else plan.completion_tokens)
+        if wanted > self.cfg.max_model_len:
+            message = (f"This model's maximum context length is {self.cfg.max_model_len} tokens. However, you "
+                       f"requested {wanted} tokens.")
+            if self.style.name == "tabby":
+                return json_response(self.style.context_error(message))  # type: ignore[attr-defined]
+            return self.error(400, message, "messages" if chat else "prompt")
+        self.metrics.inc("waiting")
+        if self.slots is not None:
+            await self.slots.acquire()
+        self.metrics.dec("waiting")
+        self.processing += 1
+        self.metrics.inc("running")
+        start = time.perf_counter()
+        try:
+            if plan.stream:
+                return await self.stream(request, plan, chat, start)
+            return await self.whole(request, plan, chat, start)
+        finally:
+            self.processing -= 1
+            self.metrics.dec("running")
+            if self.slots is not None:
+                self.slots.release()
+
+    def record(self, plan: Plan, start: float, first: float | None, end: float, produced: int) -> None:
+        m = self.metrics
+        m.inc("requests")
+        m.inc("prompt_tokens", plan.prompt_tokens)
+        m.inc("generation_tokens", produced)
+        m.observe("e2e", end - start)
+        if first is not None:
+            m.observe("ttft", first - start)
+            m.inc("prompt_seconds", first - start)
+            m.inc("generation_seconds", end - first)
+            if produced > 1:
+                m.observe("itl", (end - first) / (produced - 1))
+
+    async def until(self, start: float, index: int) -> None:
+        """Sleep until token `index` is due: ttft after start, then one itl per token."""
+        delay = start + self.cfg.ttft + index * self.cfg.itl - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def hang(self, request: web.Request) -> None:
+        while request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(0.2)
+
+    def ids(self, chat: bool) -> tuple[str, str]:
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        return prefix + uuid.uuid4().hex[:24], "chat.completion.chunk" if chat else "text_completion"
+
+    async def whole(self, request: web.Request, plan: Plan, chat: bool, start: float) -> web.StreamResponse:
+        n = plan.completion_tokens
+        cfg = self.cfg
+        for limit in (cfg.crash_after, cfg.stall_after, cfg.malformed_after, cfg.error_after):
+            if limit is not None and limit < n:
+                await self.until(start, limit)
+                break
+        else:
+            await self.until(start, max(n - 1, 0))
+        if cfg.crash_after is not None and cfg.crash_after < n:
+            os._exit(1)
+        if cfg.stall_after is not None and cfg.stall_after < n:
+            await self.hang(request)
+            return web.Response(status=499)
+        if cfg.malformed_after is not None and cfg.malformed_after < n:
+            return web.Response(body=b'{"id": "broken", "choices": [{"message": {"content": "tok', content_type="application/json")
+        if cfg.error_after is not None and cfg.error_after < n:
+            self.generation_failed = True
+            return self.error(500, "injected generation error")
+        text = "".join(token_text(i) for i in range(n))
+        rid, _ = self.ids(chat)
+        choice: Json
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": plan.finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": plan.finish_reason}
+        end = time.perf_counter()
+        payload: Json = {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                         "created": int(time.time()), "model": self.cfg.model, "choices": [choice],
+                         "usage": usage(plan.prompt_tokens, n)}
+        payload.update(self.style.extra_final_fields(plan.prompt_tokens, n, self.cfg.ttft, end - start - self.cfg.ttft))
+        self.record(plan, start, start + self.cfg.ttft, end, n)
+        return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+    async def stream(self, request: web.Request, plan: Plan, chat: bool, start: float) -> web.StreamResponse:
+        style, cfg = self.style, self.cfg
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                               "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        await response.prepare(request)
+        rid, obj = self.ids(chat)
+        created = int(time.time())
+        sent = 0
+
+        async def emit(payload: Json | bytes) -> None:
+            nonlocal sent
+            data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+            await response.write(style.frame(data, sent))
+            sent += 1
+
+        def chunk(delta: Json | None, text: str | None, finish: str | None) -> Json:
+            if chat:
+                choice: Json = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"id": rid, "object": obj, "created": created, "model": cfg.model, "choices": [choice]}
+
+        for comment in style.comments_before_first_token(plan.prompt_tokens):
+            await response.write(comment)
+        n = plan.completion_tokens
+        first: float | None = None
+        for i in range(n):
+            if i == cfg.crash_after:
+                os._exit(1)
+            if i == cfg.stall_after:
+                await self.hang(request)
+                return response
+            if i == cfg.error_after:
+                self.generation_failed = True
+                await emit(style.midstream_error("injected generation error"))
+                if style.done_after_midstream_error:
+                    await response.write(b"data: [DONE]" + style.separator)
+                await response.write_eof()
+                self.record(plan, start, first, time.perf_counter(), i)
+                return response
+            if i == cfg.malformed_after:
+                await response.write(b'data: {"id": "broken", "choices": [{"delta": {"content": "tok' + style.separator)
+            await self.until(start, i)
+            text = token_text(i)
+            if i == 0:
+                first = time.perf_counter()
+                if chat and style.role_chunk_separate():
+                    await emit(chunk(style.first_delta(""), None, None))
+                    await emit(chunk(style.delta(text), None, None))
+                else:
+                    await emit(chunk(style.first_delta(text) if chat else None, text, None))
+            else:
+                await emit(chunk(style.delta(text) if chat else None, text, None))
+        end = time.perf_counter()
+        final = chunk(style.final_delta() if chat else None, "", plan.finish_reason)
+        gen_s = end - first if first is not None else 0.0
+        final.update(style.extra_final_fields(plan.prompt_tokens, n, (first or end) - start, gen_s))
+        await emit(final)
+        if plan.include_usage:
+            await emit({"id": rid, "object": style.usage_object() if chat else obj, "created": created,
+                        "model": cfg.model, "choices": [], "usage": usage(plan.prompt_tokens, n)})
+        await response.write(b"data: [DONE]" + style.separator)
+        await response.write_eof()
+        self.record(plan, start, first, end, n)
+        return response
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    p = argparse.ArgumentParser(prog="engine_emulator", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--style", required=True, choices=sorted(STYLES))
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=None, help="default: the engine's own default port")
+    p.add_argument("--model", default="emulated-model", help="served model id")
+    p.add_argument("--tokens", type=int, default=16, help="completion tokens when max_tokens allows")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--startup-delay", type=float, default=0.0, help="seconds in the loading phase")
+    p.add_argument("--ttft-ms", type=float, default=0.0)
+    p.add_argument("--itl-ms", type=float, default=0.0)
+    p.add_argument("--crash-after-tokens", type=int, default=None)
+    p.add_argument("--stall-after-tokens", type=int, default=None)
+    p.add_argument("--malformed-after-tokens", type=int, default=None)
+    p.add_argument("--error-after-tokens", type=int, default=None, help="send a mid-stream error event")
+    p.add_argument("--error-rate", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fail-status", type=int, default=None, help="answer every generation request with CODE")
+    p.add_argument("--parallel", type=int, default=0, help="requests generated at once (0: unlimited)")
+    p.add_argument("--metrics", action="store_true", help="llamacpp: enable /metrics (other styles always)")
+    p.add_argument("--embedding-dim", type=int, default=8)
+    a = p.parse_args(argv)
+    if not 0.0 <= a.error_rate <= 1.0:
+        p.error("--error-rate must be within [0, 1]")
+    for flag in ("tokens", "max_model_len", "parallel", "embedding_dim"):
+        if getattr(a, flag) < 0:
+            p.error(f"--{flag.replace('_', '-')} must be >= 0")
+    if a.ttft_ms < 0 or a.itl_ms < 0 or a.startup_delay < 0:
+        p.error("delays must be >= 0")
+    if a.fail_status is not None and not 400 <= a.fail_status <= 599:
+        p.error("--fail-status must be an HTTP error status (400-599)")
+    port = a.port if a.port is not None else STYLES[a.style].default_port
+    return Config(a.style, a.host, port, a.model, a.tokens, a.max_model_len, a.api_key, a.startup_delay,
+                  a.ttft_ms / 1000.0, a.itl_ms / 1000.0, a.crash_after_tokens, a.stall_after_tokens,
+                  a.malformed_after_tokens, a.error_after_tokens, a.error_rate, a.seed, a.fail_status,
+                  a.parallel, a.metrics, a.embedding_dim)
+
+
+def announce(message: str) -> None:
+    print(message, flush=True)
+
+
+async def serve(cfg: Config) -> None:
+    emulator = Emulator(cfg)
+    runner = web.AppRunner(emulator.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    if emulator.style.loading == "closed":
+        await asyncio.sleep(cfg.startup_delay)
+        emulator.ready.set()
+    site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
+    await site.start()
+    server = site._server  # noqa: SLF001 - the bound port when --port 0
+    port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else cfg.port  # type: ignore[union-attr]
+    url = f"http://{cfg.host}:{port}"
+    if not emulator.ready.is_set():
+        announce(f"emulator listening on {url} style={cfg.style} (loading for {cfg.startup_delay}s)")
+        await asyncio.sleep(cfg.startup_delay)
+        emulator.ready.set()
+    emulator.metrics.set("model_ready", 1)
+    announce(f"emulator ready on {url} style={cfg.style}")
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    try:
+        import uvloop  # noqa: PLC0415 - optional speed-up
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
+        asyncio.run(serve(cfg))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

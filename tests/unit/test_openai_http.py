@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from adapters.base import ClientRequestError, EngineError, Usage
+from adapters.openai_http import (
+    SSEParser,
+    error_exception,
+    extract_usage,
+    forward_headers,
+    normalise_error,
+    observe,
+)
+
+CHUNK = b'{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}'
+
+
+def feed_all(parser: SSEParser, pieces: list[bytes]) -> list[bytes]:
+    out: list[bytes] = []
+    for piece in pieces:
+        out += parser.feed(piece)
+    return out + parser.close()
+
+
+STREAMS = {
+    "lf": b"data: " + CHUNK + b"\n\ndata: [DONE]\n\n",
+    "crlf": b"data: " + CHUNK + b"\r\n\r\ndata: [DONE]\r\n\r\n",
+    "cr": b"data: " + CHUNK + b"\r\rdata: [DONE]\r\r",
+    "trailing_space": b"data: " + CHUNK + b" \n\ndata: [DONE]\n\n",
+    "comments_and_fields": b": ping - 2026\r\n\r\nevent: message\nid: 7\ndata: " + CHUNK + b"\n\n: keepalive 1/2\n\ndata: [DONE]\n\n",
+    "no_space_after_colon": b"data:" + CHUNK + b"\n\ndata:[DONE]\n\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_sse_parser_every_split(name: str) -> None:
+    raw = STREAMS[name]
+    whole = feed_all(SSEParser(), [raw])
+    assert whole == [CHUNK, b"[DONE]"]
+    for cut in range(1, len(raw)):
+        assert feed_all(SSEParser(), [raw[:cut], raw[cut:]]) == whole, cut
+    assert feed_all(SSEParser(), [raw[i:i + 1] for i in range(len(raw))]) == whole
+
+
+def test_sse_parser_multiline_data_and_unterminated_tail() -> None:
+    assert feed_all(SSEParser(), [b"data: a\ndata: b\n\n"]) == [b"a\nb"]
+    # an engine that closes without the final blank line still delivers its last event
+    assert feed_all(SSEParser(), [b"data: " + CHUNK + b"\n"]) == [CHUNK]
+    assert feed_all(SSEParser(), [b": only a comment\n\n"]) == []
+
+
+def test_sse_parser_yields_each_event_of_one_read() -> None:
+    parser = SSEParser()
+    assert parser.feed(b"data: 1\n\ndata: 2\n\ndata: 3") == [b"1", b"2"]
+    assert parser.feed(b"\n\n") == [b"3"]
+
+
+ERRORS = [
+    # (status, upstream body, expected message, type, param, code)
+    (400, {"error": {"code": 400, "message": "bad n_probs", "type": "invalid_request_error"}},
+     "bad n_probs", "invalid_request_error", None, None),
+    (400, {"error": {"message": "temperature too high", "type": "BadRequestError", "param": "temperature", "code": 400}},
+     "temperature too high", "invalid_request_error", "temperature", None),
+    (400, {"object": "error", "message": "flat sglang", "type": "BadRequestError", "param": "max_tokens", "code": 400},
+     "flat sglang", "invalid_request_error", "max_tokens", None),
+    (404, {"message": "no such model", "type": "Not Found", "code": 404}, "no such model", "not_found_error", None, None),
+    (404, {"error": "Model not found"}, "Model not found", "not_found_error", None, None),
+    (400, {"detail": "Invalid prompt"}, "Invalid prompt", "invalid_request_error", None, None),
+    (400, {"detail": {"message": "too long", "code": "context_length_exceeded"}},
+     "too long", "invalid_request_error", None, "context_length_exceeded"),
+    (422, {"detail": [{"loc": ["body", "messages", 0, "role"], "msg": "field required", "type": "missing"}]},
+     "messages.0.role: field required", "invalid_request_error", "messages.0.role", None),
+    (404, b"", "Not Found", "not_found_error", None, None),
+    (500, b"upstream exploded", "upstream exploded", "server_error", None, None),
+    (503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
+     "Loading model", "unavailable_error", None, None),
+]
+
+
+@pytest.mark.parametrize(("status", "body", "message", "etype", "param", "code"), ERRORS)
+def test_normalise_error_shapes(status: int, body: object, message: str, etype: str, param: str | None, code: object) -> None:
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    assert normalise_error(status, raw) == {"error": {"message": message, "type": etype, "param": param, "code": code}}
+
+
+def test_error_exception_blames_the_right_side() -> None:
+    bad = error_exception(400, b'{"object":"error","message":"m","param":"n","code":400}')
+    assert isinstance(bad, ClientRequestError) and (bad.status, bad.param) == (400, "n")
+    assert isinstance(error_exception(429, b"{}"), ClientRequestError)
+    for status, mapped in ((500, 502), (401, 502), (503, 503), (529, 503), (504, 504), (499, 502)):
+        exc = error_exception(status, b'{"error":"x"}')
+        assert isinstance(exc, EngineError) and exc.status == mapped, status
+
+
+def test_forward_headers_strips_hop_by_hop_and_credentials() -> None:
+    headers = {
+        "Connection": "keep-alive, X-Secret-Hop", "Keep-Alive": "5", "Transfer-Encoding": "chunked",
+        "X-Secret-Hop": "1", "Authorization": "Bearer client-key", "Host": "gw", "Content-Length": "9",
+        "X-Trace": "abc", "OpenAI-Organization": "org",
+    }
+    assert forward_headers(headers) == {"X-Trace": "abc", "OpenAI-Organization": "org"}
+
+
+def test_observe_reads_content_finish_and_usage() -> None:
+    ev = observe(CHUNK, drop_usage=True)
+    assert ev.data is CHUNK and ev.has_content and ev.finish_reason is None
+    role = observe(b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}', True)
+    assert not role.has_content
+    text = observe(b'{"choices":[{"index":0,"text":"x","finish_reason":"length"}]}', True)
+    assert text.has_content and text.finish_reason == "length"
+    tool = observe(b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]}}]}', True)
+    assert tool.has_content
+    usage_chunk = b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}'
+    dropped = observe(usage_chunk, drop_usage=True)
+    assert dropped.data == b"" and dropped.usage == Usage(3, 5)
+    kept = observe(usage_chunk, drop_usage=False)
+    assert kept.data is usage_chunk and kept.usage == Usage(3, 5)
+
+
+@pytest.mark.parametrize("payload", [
+    b'{"error":{"message":"boom","trace":"..."}}',
+    b'{"message":"boom","type":"InternalServerError","code":500}',
+    b'{"object":"error","message":"boom","type":"x","code":500}',
+])
+def test_observe_midstream_errors_become_openai_errors(payload: bytes) -> None:
+    ev = observe(payload, True)
+    assert ev.is_error
+    err = orjson.loads(ev.data)["error"]
+    assert err["message"] == "boom" and err["type"] == "server_error"
+
+
+def test_observe_malformed_event_is_an_error() -> None:
+    ev = observe(b'{"choices": [{"delta": {"content": "tok', True)
+    assert ev.is_error and orjson.loads(ev.data)["error"]["code"] == "upstream_malformed"
+
+
+def test_extract_usage() -> None:
+    body = orjson.dumps({"choices": [{"message": {"content": 'say "usage" {'}}],
+                         "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6,
+                                   "prompt_tokens_details": {"cached_tokens": 0}}})
+    assert extract_usage(body) == Usage(4, 2)
+    assert extract_usage(b'{"usage":{"prompt_tokens":7,"total_tokens":7},"data":[]}') == Usage(7, 0)
+    assert extract_usage(b'{"choices":[]}') is None
+    assert extract_usage(b"not json") is None
