@@ -34,7 +34,8 @@ WORKERS = ("vllm", "sglang", "trtllm", "mocker")
 METRICS: Mapping[str, str] = {
     "requests_running": "dynamo_frontend_inflight_requests",
     "requests_waiting": "dynamo_frontend_queued_requests",
-    "prompt_tokens_total": "dynamo_frontend_input_sequence_tokens_total",
+    # a histogram of prompt lengths: its _sum is the prompt-token total (seen on the 1.6.1 frontend)
+    "prompt_tokens_total": "dynamo_frontend_input_sequence_tokens_sum",
     "generation_tokens_total": "dynamo_frontend_output_tokens_total",
     "ttft_seconds_sum": "dynamo_frontend_time_to_first_token_seconds_sum",
     "ttft_seconds_count": "dynamo_frontend_time_to_first_token_seconds_count",

@@ -142,6 +142,8 @@ def test_engine_metrics_map_onto_the_gateways_names(running: Running) -> None:
         return
     values = [float(row.split()[-1]) for row in text.splitlines() if row.startswith(line)]
     assert values and values[0] >= 5
+    if running.adapter.engine == "dynamo":
+        return  # the emulator exports a counter where the real frontend has a histogram (see test_dynamo_real)
     prompt = f'enginegate_engine_prompt_tokens{{engine="{running.adapter.engine}",model="{SERVED}"}}'
     assert any(row.startswith(prompt) and float(row.split()[-1]) >= 3 for row in text.splitlines())
 
