@@ -80,8 +80,8 @@ def worker_argv(worker: str, model_path: str, served: str, opts: LaunchOptions, 
         flag(argv, "--mem-fraction-static", opts.gpu_memory_fraction)
         flag(argv, "--quantization", opts.quantization)
         flag(argv, "--kv-cache-dtype", opts.kv_cache_dtype)
-    elif worker == "trtllm":  # dynamo.trtllm's own flags
-        argv += ["--model-path", model_path, "--served-model-name", served]
+    elif worker == "trtllm":  # dynamo.trtllm's own flags (1.6.1: --model; --model-path is obsolete)
+        argv += ["--model", model_path, "--served-model-name", served]
         flag_if_not_default(argv, "--tensor-parallel-size", opts.tensor_parallel)
         flag_if_not_default(argv, "--pipeline-parallel-size", opts.pipeline_parallel)
         flag(argv, "--max-seq-len", opts.context_length)

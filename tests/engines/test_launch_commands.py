@@ -137,7 +137,7 @@ def test_dynamo_sglang_and_trtllm_workers_use_their_engines_flags() -> None:
                        "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "10.0.0.1:5000",
                        "--discovery-backend", "etcd"]
     trt = worker_argv("trtllm", MODEL, "llama", launch_options(TP4), "file")
-    assert trt[3:] == ["--model-path", MODEL, "--served-model-name", "llama", "--tensor-parallel-size", "4",
+    assert trt[3:] == ["--model", MODEL, "--served-model-name", "llama", "--tensor-parallel-size", "4",
                        "--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
     mock = worker_argv("mocker", MODEL, "llama", launch_options(SINGLE), "file")
     assert mock[1:7] == ["-m", "dynamo.mocker", "--model-path", MODEL, "--model-name", "llama"]
