@@ -49,16 +49,23 @@ _END = object()
 
 
 class _TokenCounter:
-    """A llama-cpp-python logits processor that counts sampled tokens and notes the prompt length."""
+    """A llama-cpp-python logits processor: counts sampled tokens, notes the prompt length and
+    applies `logit_bias`. (llama-cpp-python 0.3.x drops every logits processor when it is given
+    both `logit_bias` and a processor list: `list.extend` returns None there.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, logit_bias: dict[int, float] | None = None) -> None:
         self.prompt_tokens: int | None = None
         self.sampled = 0
+        self.bias_ids = np.array(list(logit_bias), dtype=np.intc) if logit_bias else None
+        self.bias_values = np.array(list(logit_bias.values()), dtype=np.single) if logit_bias else None
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         if self.prompt_tokens is None:
             self.prompt_tokens = len(input_ids)
         self.sampled += 1
+        if self.bias_ids is not None:
+            scores = scores.copy()
+            scores[self.bias_ids] += self.bias_values
         return scores
 
 
@@ -157,12 +164,20 @@ class LlamaCppAdapter(Adapter):
         kwargs.setdefault("top_p", OPENAI_DEFAULT_TOP_P)
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         kwargs["max_tokens"] = int(limit) if limit else None  # None: until the context is full
-        if body.get("logit_bias"):
-            try:
-                kwargs["logit_bias"] = {int(k): float(v) for k, v in body["logit_bias"].items()}
-            except (TypeError, ValueError) as exc:
-                raise UnsupportedError("logit_bias keys must be token ids", "logit_bias") from exc
         return kwargs
+
+    def _counter(self, body: dict[str, Any]) -> _TokenCounter:
+        raw = body.get("logit_bias")
+        if not raw:
+            return _TokenCounter()
+        try:
+            bias = {int(k): max(-100.0, min(100.0, float(v))) for k, v in raw.items()}
+        except (TypeError, ValueError) as exc:
+            raise UnsupportedError("logit_bias keys must be token ids and values numbers", "logit_bias") from exc
+        n_vocab = self._llm.n_vocab() if self._llm is not None else 0
+        if any(not 0 <= k < n_vocab for k in bias):
+            raise UnsupportedError(f"logit_bias token ids must be in [0, {n_vocab})", "logit_bias")
+        return _TokenCounter(bias)
 
     @staticmethod
     def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -205,11 +220,12 @@ class LlamaCppAdapter(Adapter):
         for key in ("tools", "tool_choice"):
             if body.get(key) is not None:
                 kwargs[key] = body[key]
+        counter = self._counter(body)
         if body.get("stream"):
-            return await self._stream(lambda counter: self._llm.create_chat_completion(
-                stream=True, logits_processor=[counter], **kwargs), ctx, "chatcmpl", "chat.completion.chunk")
-        return await self._complete(lambda counter: self._llm.create_chat_completion(
-            logits_processor=[counter], **kwargs), ctx, "chatcmpl")
+            return await self._stream(lambda: self._llm.create_chat_completion(
+                stream=True, logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl", "chat.completion.chunk")
+        return await self._complete(lambda: self._llm.create_chat_completion(
+            logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl")
 
     async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         kwargs = self._sampling(body)
@@ -219,12 +235,14 @@ class LlamaCppAdapter(Adapter):
         if body.get("stream"):
             if len(prompts) > 1:
                 raise UnsupportedError("streaming several prompts at once is not supported: send them one by one", "prompt")
-            return await self._stream(lambda counter: self._llm.create_completion(
-                prompts[0], stream=True, logits_processor=[counter], **kwargs), ctx, "cmpl", "text_completion")
+            counter = self._counter(body)
+            return await self._stream(lambda: self._llm.create_completion(
+                prompts[0], stream=True, logits_processor=[counter], **kwargs), counter, ctx, "cmpl", "text_completion")
         results = []
         for prompt in prompts:
-            results.append(await self._complete(lambda counter, p=prompt: self._llm.create_completion(
-                p, logits_processor=[counter], **kwargs), ctx, "cmpl"))
+            counter = self._counter(body)
+            results.append(await self._complete(lambda p=prompt, c=counter: self._llm.create_completion(
+                p, logits_processor=[c], **kwargs), counter, ctx, "cmpl"))
         if len(results) == 1:
             return results[0]
         merged = results[0].body
@@ -271,15 +289,14 @@ class LlamaCppAdapter(Adapter):
 
     # -- execution -------------------------------------------------------------------------
 
-    async def _complete(self, call: Callable[[_TokenCounter], dict[str, Any]], ctx: RequestContext, prefix: str) -> Completion:
+    async def _complete(self, call: Callable[[], dict[str, Any]], counter: _TokenCounter, ctx: RequestContext, prefix: str) -> Completion:
         self._require_loaded()
-        counter = _TokenCounter()
         loop = asyncio.get_running_loop()
 
         def run() -> dict[str, Any]:
             self._running(+1)
             try:
-                return call(counter)
+                return call()
             finally:
                 self._running(-1)
                 self._count_generated(counter.sampled)
@@ -299,7 +316,8 @@ class LlamaCppAdapter(Adapter):
 
     async def _stream(
         self,
-        call: Callable[[_TokenCounter], Iterator[dict[str, Any]]],
+        call: Callable[[], Iterator[dict[str, Any]]],
+        counter: _TokenCounter,
         ctx: RequestContext,
         prefix: str,
         chunk_object: str,
@@ -308,7 +326,6 @@ class LlamaCppAdapter(Adapter):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         cancelled = threading.Event()
-        counter = _TokenCounter()
 
         def put(item: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
@@ -320,7 +337,7 @@ class LlamaCppAdapter(Adapter):
             self._running(+1)
             chunks: Iterator[dict[str, Any]] | None = None
             try:
-                chunks = call(counter)
+                chunks = call()
                 for chunk in chunks:
                     if cancelled.is_set():
                         log.info("%s: generation cancelled after %d tokens (client disconnected)", ctx.request_id, counter.sampled)

@@ -1,0 +1,87 @@
+"""Start the real gateway (`python -m gateway serve`) as a subprocess for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningGateway:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metrics(self) -> str:
+        return httpx.get(self.url + "/metrics", timeout=10).text
+
+
+@contextmanager
+def gateway(args: list[str] | None = None, env: Mapping[str, str] | None = None, config_yaml: str | None = None) -> Iterator[RunningGateway]:
+    port = free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="enginegate-test-"))
+    argv = [sys.executable, "-m", "gateway", "serve", "--port", str(port), *(args or [])]
+    if config_yaml is not None:
+        (tmp / "config.yaml").write_text(config_yaml)
+        argv += ["--config", str(tmp / "config.yaml")]
+    log_path = tmp / "gateway.log"
+    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    running = RunningGateway(proc, port, log_path)
+    try:
+        _wait_ready(running)
+        yield running
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _wait_ready(gw: RunningGateway) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if gw.process.poll() is not None:
+            raise RuntimeError(f"gateway exited with {gw.process.returncode}:\n{gw.log()}")
+        try:
+            if httpx.get(gw.url + "/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"gateway not ready after {START_TIMEOUT_S}s:\n{gw.log()}")

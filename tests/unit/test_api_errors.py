@@ -1,0 +1,161 @@
+"""API layer against a fake adapter: OpenAI error shapes, status codes and permissive parsing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway.app import create_app
+from gateway.config import Settings
+from gateway.runtime import runtime_for_adapters
+from tests.fakes import EchoAdapter
+
+CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hello there world"}]}
+
+
+def make_client(adapter: EchoAdapter | None = None, **settings: object) -> TestClient:
+    s = Settings(**settings)  # type: ignore[arg-type]
+    app = create_app(s, runtime_for_adapters(s, {"echo": adapter or EchoAdapter()}, max_queue=int(settings.get("max_queue", 4))))  # type: ignore[call-overload]
+    return TestClient(app)
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    with make_client() as c:
+        yield c
+
+
+def assert_openai_error(response, status: int, err_type: str) -> dict:  # type: ignore[no-untyped-def]
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == err_type
+    assert "Traceback" not in response.text
+    return body["error"]
+
+
+def test_chat_ok_and_unknown_fields_are_ignored(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", json={**CHAT, "some_future_field": {"x": 1}, "user": "u1"})
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "hello there world"
+    assert r.headers["x-request-id"]
+
+
+def test_invalid_json_is_400(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert_openai_error(r, 400, "invalid_request_error")
+
+
+def test_schema_error_is_400_not_422_and_names_the_param(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", json={"model": "echo", "messages": "hi"})
+    err = assert_openai_error(r, 400, "invalid_request_error")
+    assert err["param"].startswith("messages")
+
+
+@pytest.mark.parametrize(
+    "patch, param",
+    [
+        ({"messages": []}, "messages"),
+        ({"temperature": 7}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ],
+)
+def test_bad_fields_are_400(client: TestClient, patch: dict, param: str) -> None:
+    r = client.post("/v1/chat/completions", json={**CHAT, **patch})
+    err = assert_openai_error(r, 400, "invalid_request_error")
+    assert err["param"].startswith(param)
+
+
+def test_body_must_be_an_object(client: TestClient) -> None:
+    assert_openai_error(client.post("/v1/chat/completions", json=[1, 2]), 400, "invalid_request_error")
+
+
+def test_unknown_model_is_404_model_not_found(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
+    err = assert_openai_error(r, 404, "not_found_error")
+    assert err["code"] == "model_not_found"
+    assert_openai_error(client.get("/v1/models/nope"), 404, "not_found_error")
+
+
+def test_n_greater_than_one_is_refused_clearly(client: TestClient) -> None:
+    err = assert_openai_error(client.post("/v1/chat/completions", json={**CHAT, "n": 3}), 400, "invalid_request_error")
+    assert err["param"] == "n"
+
+
+def test_unsupported_operation_is_400(client: TestClient) -> None:
+    r = client.post("/v1/embeddings", json={"model": "echo", "input": "x"})
+    assert_openai_error(r, 400, "invalid_request_error")
+
+
+def test_unknown_route_is_openai_shaped_404(client: TestClient) -> None:
+    assert_openai_error(client.get("/v1/nothing-here"), 404, "not_found_error")
+
+
+def test_body_over_limit_is_413() -> None:
+    with make_client(max_body_bytes=2048) as c:
+        r = c.post("/v1/chat/completions", json={**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]})
+        assert_openai_error(r, 413, "invalid_request_error")
+
+
+def test_body_over_limit_without_content_length_is_413() -> None:
+    with make_client(max_body_bytes=2048) as c:
+        def chunks() -> Iterator[bytes]:
+            yield b'{"model": "echo", "messages": [{"role": "user", "content": "'
+            yield b"x" * 4096
+            yield b'"}]}'
+        r = c.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+        assert_openai_error(r, 413, "invalid_request_error")
+
+
+def test_api_key_required_when_configured() -> None:
+    with make_client(api_keys=("secret",)) as c:
+        assert_openai_error(c.post("/v1/chat/completions", json=CHAT), 401, "authentication_error")
+        bad = c.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer wrong"})
+        assert_openai_error(bad, 401, "authentication_error")
+        ok = c.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer secret"})
+        assert ok.status_code == 200
+        assert c.get("/health").status_code == 200  # health stays open for probes
+
+
+def test_engine_error_mid_stream_becomes_an_error_event_and_closes() -> None:
+    with make_client(EchoAdapter(fail_after=1)) as c:
+        with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            assert r.status_code == 200
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert '"error"' in events[-1]
+        assert "engine died" in events[-1]
+        assert events[-1] != "data: [DONE]"
+
+
+def test_queue_full_is_429_with_retry_after() -> None:
+    gate = asyncio.Event()
+    adapter = EchoAdapter(gate=gate)
+    s = Settings(retry_after_seconds=3)
+    app = create_app(s, runtime_for_adapters(s, {"echo": adapter}, max_queue=0))
+    with TestClient(app) as c:
+        portal = c.portal  # type: ignore[attr-defined]
+        assert portal is not None
+        # Hold the only slot with a request that waits on the gate, from another thread.
+        import threading
+
+        first: dict = {}
+        t = threading.Thread(target=lambda: first.setdefault("r", c.post("/v1/chat/completions", json=CHAT)))
+        t.start()
+        for _ in range(200):
+            if adapter.seen_bodies:
+                break
+            threading.Event().wait(0.01)
+        r = c.post("/v1/chat/completions", json=CHAT)
+        err = assert_openai_error(r, 429, "rate_limit_error")
+        assert err["code"] == "queue_full"
+        assert r.headers["retry-after"] == "3"
+        portal.call(gate.set)
+        t.join()
+        assert first["r"].status_code == 200
