@@ -64,8 +64,6 @@ def launch_args(binary: Path, model_path: Path, served: str, options: Mapping[st
     """The llama-server command line for these options (plan + config)."""
     argv = [str(binary), "-m", str(model_path), "--host", endpoint.host, "--port", str(endpoint.port),
             "-a", served, "--metrics", "--no-webui"]
-    if endpoint.api_key:
-        argv += ["--api-key", endpoint.api_key]
     if options.get("context_length"):
         argv += ["-c", str(int(options["context_length"]))]
     if options.get("threads"):
@@ -89,6 +87,11 @@ def launch_args(binary: Path, model_path: Path, served: str, options: Mapping[st
     if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
         raise EngineError("options.extra_args must be a list of strings", 503)
     return argv + extra
+
+
+def launch_env(endpoint: Endpoint) -> dict[str, str]:
+    """The per-launch key goes in the environment: argv is world-readable in /proc, environ is not."""
+    return {"LLAMA_API_KEY": endpoint.api_key} if endpoint.api_key else {}
 
 
 class LlamaServerAdapter(ServerAdapter):
@@ -117,11 +120,13 @@ class LlamaServerAdapter(ServerAdapter):
         return binary
 
     def launch(self, endpoint: Endpoint) -> Launch:
-        return Launch(launch_args(self._binary(), model_file(self.model), self.served, self.options, endpoint))
+        argv = launch_args(self._binary(), model_file(self.model), self.served, self.options, endpoint)
+        return Launch(argv, env=launch_env(endpoint))
 
     def _launch_embedder(self, endpoint: Endpoint) -> Launch:
         path = Path(self.options["embedding_model"]) if self.options.get("embedding_model") else model_file(self.model)
-        return Launch(launch_args(self._binary(), path, self.served, self.options, endpoint, embeddings=True))
+        argv = launch_args(self._binary(), path, self.served, self.options, endpoint, embeddings=True)
+        return Launch(argv, env=launch_env(endpoint))
 
     async def ready(self, process: ManagedProcess, endpoint: Endpoint) -> bool:
         """llama-server binds before loading: /health is 503 while loading, 200 once it serves."""
@@ -157,7 +162,9 @@ class LlamaServerAdapter(ServerAdapter):
                     await self._embedder.start()
                 except ProcessError as exc:
                     raise EngineError(str(exc), 503, "engine_start_failed") from exc
-        return await self.relay.complete(await self._upstream(self._embedder), ROUTES["embeddings"], body, ctx)
+        result = await self._forward(ROUTES["embeddings"], {**body, "stream": False}, ctx, self._embedder)
+        assert isinstance(result, Completion)
+        return result
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()

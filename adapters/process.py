@@ -197,6 +197,22 @@ class ManagedProcess:
             raise ProcessError(f"{self.name} is {self._state.value}" + (f": {self.detail}" if self.detail else ""))
         return self.endpoint
 
+    async def wait_changed(self, timeout: float) -> None:
+        """Wait for the next transition (or `timeout`)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
+
+    def exited(self) -> bool:
+        """True once the engine process is gone, even before the supervisor has reaped it."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return True
+        try:  # WNOWAIT: peek at the exit without reaping, which stays the child watcher's job
+            return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
     # -- logs --------------------------------------------------------------------------------
 
     def log_tail(self, lines: int = 50) -> list[str]:
@@ -319,7 +335,7 @@ class ManagedProcess:
         return True
 
     async def _launch_once(self) -> Endpoint:
-        key = secrets.token_urlsafe(24) if self._uses_api_key else ""
+        key = secrets.token_hex(20) if self._uses_api_key else ""
         endpoint = Endpoint(self._host, free_port(self._host), key)
         try:
             spec = self._launch(endpoint)
@@ -329,7 +345,8 @@ class ManagedProcess:
             raise ProcessError(f"{self.name}: {exc}") from exc
         env = {**os.environ, **spec.env}
         self._ring.clear()
-        self._note(f"[enginegate] launch: {' '.join(spec.argv)}")
+        shown = " ".join(spec.argv)
+        self._note(f"[enginegate] launch: {shown.replace(key, '***') if key else shown}")
         try:
             proc = await asyncio.create_subprocess_exec(
                 *spec.argv,

@@ -9,6 +9,7 @@ goes through the one `Relay`. Requests that arrive while the engine restarts wai
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -147,14 +148,36 @@ class ServerAdapter(Adapter):
         detail = state.value + (f": {self.process.detail}" if self.process.detail else "")
         return Health(state is ProcessState.READY, detail)
 
+    async def _forward(self, path: str, body: dict[str, Any], ctx: RequestContext,
+                       process: ManagedProcess | None = None) -> Completion | AsyncIterator[StreamEvent]:
+        process = process or self.process
+        upstream = await self._upstream(process)
+        try:
+            return await self.relay.forward(upstream, path, body, ctx)
+        except EngineError as exc:
+            # Refused before anything was sent, by an engine that just died: the supervisor is
+            # restarting it, so wait for that and retry once instead of failing the request.
+            if exc.code != "engine_unreachable" or not process.exited():
+                raise
+        endpoint = process.endpoint
+        deadline = asyncio.get_running_loop().time() + self.ready_wait
+        while process.state is ProcessState.READY and process.endpoint is endpoint:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            await process.wait_changed(left)
+        return await self.relay.forward(await self._upstream(process), path, body, ctx)
+
     async def chat(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
-        return await self.relay.forward(await self._upstream(), ROUTES["chat"], body, ctx)
+        return await self._forward(ROUTES["chat"], body, ctx)
 
     async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
-        return await self.relay.forward(await self._upstream(), ROUTES["completions"], body, ctx)
+        return await self._forward(ROUTES["completions"], body, ctx)
 
     async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
-        return await self.relay.complete(await self._upstream(), ROUTES["embeddings"], body, ctx)
+        result = await self._forward(ROUTES["embeddings"], {**body, "stream": False}, ctx)
+        assert isinstance(result, Completion)
+        return result
 
     async def engine_stats(self) -> EngineStats | None:
         if self.metrics_path is None or self.process.state is not ProcessState.READY:
