@@ -53,6 +53,7 @@ class Config:
     parallel: int
     metrics: bool
     embedding_dim: int
+    no_usage: bool
 
 
 class BadRequest(Exception):
@@ -406,8 +407,9 @@ class Emulator:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": plan.finish_reason}
         end = time.perf_counter()
         payload: Json = {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                         "created": int(time.time()), "model": self.cfg.model, "choices": [choice],
-                         "usage": usage(plan.prompt_tokens, n)}
+                         "created": int(time.time()), "model": self.cfg.model, "choices": [choice]}
+        if not self.cfg.no_usage:
+            payload["usage"] = usage(plan.prompt_tokens, n)
         payload.update(self.style.extra_final_fields(plan.prompt_tokens, n, self.cfg.ttft, end - start - self.cfg.ttft))
         self.record(plan, start, start + self.cfg.ttft, end, n)
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
@@ -470,7 +472,7 @@ class Emulator:
         gen_s = end - first if first is not None else 0.0
         final.update(style.extra_final_fields(plan.prompt_tokens, n, (first or end) - start, gen_s))
         await emit(final)
-        if plan.include_usage:
+        if plan.include_usage and not cfg.no_usage:
             await emit({"id": rid, "object": style.usage_object() if chat else obj, "created": created,
                         "model": cfg.model, "choices": [], "usage": usage(plan.prompt_tokens, n)})
         await response.write(b"data: [DONE]" + style.separator)
@@ -502,6 +504,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--parallel", type=int, default=0, help="requests generated at once (0: unlimited)")
     p.add_argument("--metrics", action="store_true", help="llamacpp: enable /metrics (other styles always)")
     p.add_argument("--embedding-dim", type=int, default=8)
+    p.add_argument("--no-usage", action="store_true", help="never send usage (as some proxies and old servers)")
     a = p.parse_args(argv)
     if not 0.0 <= a.error_rate <= 1.0:
         p.error("--error-rate must be within [0, 1]")
@@ -516,7 +519,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     return Config(a.style, a.host, port, a.model, a.tokens, a.max_model_len, a.api_key, a.startup_delay,
                   a.ttft_ms / 1000.0, a.itl_ms / 1000.0, a.crash_after_tokens, a.stall_after_tokens,
                   a.malformed_after_tokens, a.error_after_tokens, a.error_rate, a.seed, a.fail_status,
-                  a.parallel, a.metrics, a.embedding_dim)
+                  a.parallel, a.metrics, a.embedding_dim, a.no_usage)
 
 
 def announce(message: str) -> None:

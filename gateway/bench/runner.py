@@ -1,0 +1,128 @@
+"""A whole bench run: ceiling, warm-up, then every level against every target, interleaved."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+
+from gateway.bench.ceiling import Ceiling, bound_warnings, measure_ceiling
+from gateway.bench.client import Counter, RequestResult, Target, make_session
+from gateway.bench.load import Budget, Level, run_level
+from gateway.bench.stats import SLO, LevelStats, summarize
+from gateway.bench.workload import PromptSource
+
+
+class BenchError(Exception):
+    """The run cannot go on (an endpoint unreachable during warm-up, ...)."""
+
+
+class Progress(Protocol):
+    def update(self, n: int = 1) -> object: ...
+    def set_postfix_str(self, s: str) -> object: ...
+    def close(self) -> None: ...
+
+
+ProgressFactory = Callable[[str, int | None], Progress]
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    targets: list[Target]
+    levels: list[Level]
+    source: PromptSource
+    slo: SLO = SLO()
+    requests: int | None = None  # per level; None with no duration: chosen from the level
+    duration_s: float | None = None
+    warmup: int = 2
+    seed: int = 0
+    max_concurrency: int | None = None  # rate mode: cap on requests in flight
+    ceiling: bool = True
+
+    def budget(self, level: Level) -> Budget:
+        if self.duration_s is not None:
+            return Budget(duration_s=self.duration_s)
+        if self.requests is not None:
+            return Budget(requests=self.requests)
+        if level.kind == "concurrency":
+            return Budget(requests=max(16, 4 * int(level.value)))
+        return Budget(requests=max(16, math.ceil(10 * level.value)))
+
+
+@dataclass
+class BenchResult:
+    plan: BenchPlan
+    levels: dict[str, list[LevelStats]]  # target name -> one entry per level, in level order
+    ceiling: Ceiling | None
+    warnings: list[str] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    wall_s: float = 0.0
+
+
+def _connections(plan: BenchPlan) -> int:
+    if any(level.kind == "rate" for level in plan.levels) and not plan.max_concurrency:
+        return 0  # unlimited: open-loop arrivals must not queue inside the client
+    values = [int(level.value) for level in plan.levels if level.kind == "concurrency"]
+    return max([*values, plan.max_concurrency or 1, 1])
+
+
+async def _warm_up(session: aiohttp.ClientSession, plan: BenchPlan, target: Target, counter: Counter | None) -> None:
+    if plan.warmup <= 0:
+        return
+    level = Level("concurrency", min(plan.warmup, max(1, _connections(plan) or plan.warmup)))
+    run = await run_level(session, target, plan.source, level, Budget(requests=plan.warmup),
+                          seed=plan.seed + 999_983, counter=counter)
+    failed = [r for r in run.results if not r.ok]
+    if len(failed) == len(run.results):
+        first = failed[0]
+        raise BenchError(f"{target.name} ({target.url}): every warm-up request failed: {first.error}: {first.detail}")
+
+
+async def run_bench(plan: BenchPlan, counter: Counter | None = None,
+                    progress: ProgressFactory | None = None) -> BenchResult:
+    if not plan.targets or not plan.levels:
+        raise ValueError("a bench plan needs at least one target and one level")
+    names = [t.name for t in plan.targets]
+    if len(set(names)) != len(names):
+        raise ValueError(f"target names must differ: {names}")
+    t0 = time.perf_counter()
+    ceiling = None
+    if plan.ceiling:
+        ceiling = await measure_ceiling(max(1, min(64, _connections(plan) or 64)))
+    result = BenchResult(plan, {t.name: [] for t in plan.targets}, ceiling)
+    if ceiling is not None and not ceiling.client_bound:
+        result.warnings.append(
+            f"the ceiling run kept the client only {ceiling.client_cpu_fraction:.0%} busy: "
+            "the trivial endpoint shared the machine, so the client's true ceiling is higher")
+    async with make_session(_connections(plan)) as session:
+        for target in plan.targets:
+            await _warm_up(session, plan, target, counter)
+        for i, level in enumerate(plan.levels):
+            # Alternate the order level by level so that drift in the machine hits every target alike.
+            order = plan.targets if i % 2 == 0 else list(reversed(plan.targets))
+            for target in order:
+                budget = plan.budget(level)
+                bar = progress(f"{target.name} {level.label}", budget.requests) if progress else None
+                failures = 0
+
+                def done(r: RequestResult, bar: Progress | None = bar) -> None:
+                    nonlocal failures
+                    failures += not r.ok
+                    if bar is not None:
+                        bar.update(1)
+                        if failures:
+                            bar.set_postfix_str(f"errors={failures}")
+
+                run = await run_level(session, target, plan.source, level, budget, seed=plan.seed + i,
+                                      counter=counter, on_done=done, max_concurrency=plan.max_concurrency)
+                if bar is not None:
+                    bar.close()
+                stats = summarize(level.label, run.results, run.duration_s, plan.slo, run.client_cpu_s)
+                result.levels[target.name].append(stats)
+                result.warnings.extend(f"{target.name} {w}" for w in bound_warnings(stats, ceiling))
+    result.wall_s = time.perf_counter() - t0
+    return result
