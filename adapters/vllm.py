@@ -2,8 +2,8 @@
 
 Launched as `python -m vllm.entrypoints.openai.api_server` (what `vllm serve` runs; the console
 script failed with the community CPU wheel). The port stays closed until the engine is ready,
-then `/health` answers 200 (503 once the engine died). The API key guards `/v1/*` only, so
-`/health` and `/metrics` need none. Two nodes and more run on a Ray cluster the operator starts
+then `/health` answers 200 (503 once the engine died). The API key (passed as VLLM_API_KEY)
+guards `/v1/*` only, so `/health` and `/metrics` need none. Two nodes and more run on a Ray cluster the operator starts
 (`ray start --head` / `ray start --address`); vLLM then spans it from node 0.
 """
 
@@ -32,8 +32,6 @@ METRICS: Mapping[str, str] = {
 def vllm_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpoint) -> list[str]:
     argv = opts.python_module(MODULE)
     argv += ["--model", model_path, "--served-model-name", served, "--host", endpoint.host, "--port", str(endpoint.port)]
-    if endpoint.api_key:
-        argv += ["--api-key", endpoint.api_key]
     flag_if_not_default(argv, "--tensor-parallel-size", opts.tensor_parallel)
     flag_if_not_default(argv, "--pipeline-parallel-size", opts.pipeline_parallel)
     if opts.nodes > 1:
@@ -61,5 +59,12 @@ class VllmAdapter(EngineServer):
     default_startup_timeout = 900.0  # model download + torch.compile + CUDA graphs
 
     def command(self, endpoint: Endpoint) -> Launch:
-        env = {"VLLM_HOST_IP": endpoint.host} if endpoint.host in ("127.0.0.1", "localhost") else {}
-        return Launch(vllm_argv(self.model_path, self.served, self.launch_options, endpoint), env)
+        return Launch(vllm_argv(self.model_path, self.served, self.launch_options, endpoint), vllm_env(endpoint))
+
+
+def vllm_env(endpoint: Endpoint) -> dict[str, str]:
+    """The key goes in VLLM_API_KEY (argv is world-readable in /proc, environ is not)."""
+    env = {"VLLM_API_KEY": endpoint.api_key} if endpoint.api_key else {}
+    if endpoint.host in ("127.0.0.1", "localhost"):
+        env["VLLM_HOST_IP"] = endpoint.host
+    return env

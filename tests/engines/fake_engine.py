@@ -43,7 +43,8 @@ def parse_vllm(argv: list[str]) -> dict[str, str | None]:
     p.add_argument("--distributed-executor-backend", choices=["ray", "mp"])
     p.add_argument("--disable-log-stats", action="store_true")
     a = p.parse_args(argv)
-    return {"style": "vllm", "host": a.host, "port": str(a.port), "key": a.api_key, "model": a.served_model_name}
+    key = a.api_key or os.environ.get("VLLM_API_KEY")
+    return {"style": "vllm", "host": a.host, "port": str(a.port), "key": key, "model": a.served_model_name}
 
 
 def parse_sglang(argv: list[str]) -> dict[str, str | None]:

@@ -16,7 +16,7 @@ from adapters.mlx_server import mlx_server_argv
 from adapters.process import Endpoint
 from adapters.sglang import sglang_argv
 from adapters.tensorrt_llm import extra_options, trtllm_argv
-from adapters.vllm import vllm_argv
+from adapters.vllm import vllm_argv, vllm_env
 from gateway.config import ModelConfig
 
 EP = Endpoint("127.0.0.1", 9000, "KEY")
@@ -41,14 +41,19 @@ VLLM_HEAD = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL, "
 
 
 @pytest.mark.parametrize("options, endpoint, expected", [
-    (SINGLE, EP, VLLM_HEAD + ["--api-key", "KEY", "--max-model-len", "8192", "--gpu-memory-utilization", "0.85"]),
-    (TP4, EP, VLLM_HEAD + ["--api-key", "KEY", "--tensor-parallel-size", "4", "--quantization", "fp8",
+    (SINGLE, EP, VLLM_HEAD + ["--max-model-len", "8192", "--gpu-memory-utilization", "0.85"]),
+    (TP4, EP, VLLM_HEAD + ["--tensor-parallel-size", "4", "--quantization", "fp8",
                            "--kv-cache-dtype", "fp8"]),
     (PP2_NODES, NO_KEY, VLLM_HEAD + ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
                                      "--distributed-executor-backend", "ray", "--disable-log-stats"]),
 ], ids=["single-gpu", "tp4", "2-node-pp"])
 def test_vllm(options: dict[str, Any], endpoint: Endpoint, expected: list[str]) -> None:
     assert vllm_argv(MODEL, "llama", launch_options(options), endpoint) == expected
+
+
+def test_vllm_key_travels_in_the_environment_not_argv() -> None:
+    assert "KEY" not in vllm_argv(MODEL, "llama", launch_options(SINGLE), EP)
+    assert vllm_env(EP) == {"VLLM_API_KEY": "KEY", "VLLM_HOST_IP": "127.0.0.1"}
 
 
 SGL_HEAD = [PY, "-m", "sglang.launch_server", "--model-path", MODEL, "--served-model-name", "llama",
