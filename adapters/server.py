@@ -31,6 +31,7 @@ from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, Pro
 from adapters.prom import engine_stats
 from gateway.config import ModelConfig
 
+EXIT_GRACE_S = 2.0
 ROUTES: Mapping[str, str] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
@@ -152,16 +153,22 @@ class ServerAdapter(Adapter):
                        process: ManagedProcess | None = None) -> Completion | AsyncIterator[StreamEvent]:
         process = process or self.process
         upstream = await self._upstream(process)
+        used = process.endpoint
         try:
             return await self.relay.forward(upstream, path, body, ctx)
         except EngineError as exc:
             # Refused before anything was sent, by an engine that just died: the supervisor is
-            # restarting it, so wait for that and retry once instead of failing the request.
-            if exc.code != "engine_unreachable" or not process.exited():
+            # restarting it (or already has, on a new endpoint), so wait for that and retry once.
+            if exc.code != "engine_unreachable":
                 raise
-        endpoint = process.endpoint
+            if process.state is ProcessState.READY and process.endpoint is used and not process.exited():
+                # A dying engine closes its socket a moment before it can be reaped: give the
+                # supervisor that moment to notice before calling the engine alive but refusing.
+                await process.wait_changed(EXIT_GRACE_S)
+                if process.state is ProcessState.READY and process.endpoint is used and not process.exited():
+                    raise
         deadline = asyncio.get_running_loop().time() + self.ready_wait
-        while process.state is ProcessState.READY and process.endpoint is endpoint:
+        while process.state is ProcessState.READY and process.endpoint is used:
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 break
