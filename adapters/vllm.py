@@ -3,8 +3,9 @@
 Launched as `python -m vllm.entrypoints.openai.api_server` (what `vllm serve` runs; the console
 script failed with the community CPU wheel). The port stays closed until the engine is ready,
 then `/health` answers 200 (503 once the engine died). The API key (passed as VLLM_API_KEY)
-guards `/v1/*` only, so `/health` and `/metrics` need none. Two nodes and more run on a Ray cluster the operator starts
-(`ray start --head` / `ray start --address`); vLLM then spans it from node 0.
+guards `/v1/*` only, so `/health` and `/metrics` need none. Two nodes and more use vLLM's own multiprocessing backend
+(`--nnodes --node-rank --master-addr --master-port`, read from vLLM 0.32's arg_utils): node 0
+serves, the others run the same command `--headless` with their rank.
 """
 
 from __future__ import annotations
@@ -34,8 +35,14 @@ def vllm_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpo
     argv += ["--model", model_path, "--served-model-name", served, "--host", endpoint.host, "--port", str(endpoint.port)]
     flag_if_not_default(argv, "--tensor-parallel-size", opts.tensor_parallel)
     flag_if_not_default(argv, "--pipeline-parallel-size", opts.pipeline_parallel)
-    if opts.nodes > 1:
-        argv += ["--distributed-executor-backend", "ray"]
+    if opts.nodes > 1:  # vLLM >= 0.11 spans nodes with its own mp backend; node 0 serves, the others run --headless
+        host, _, port = str(opts.master_addr).rpartition(":")
+        argv += ["--distributed-executor-backend", "mp", "--nnodes", str(opts.nodes), "--node-rank", str(opts.node_rank),
+                 "--master-addr", host or str(opts.master_addr)]
+        if port.isdigit() and host:
+            argv += ["--master-port", port]
+        if opts.node_rank > 0:
+            argv.append("--headless")
     flag(argv, "--max-model-len", opts.context_length)
     flag(argv, "--gpu-memory-utilization", opts.gpu_memory_fraction)
     flag(argv, "--quantization", opts.quantization)

@@ -41,6 +41,10 @@ def parse_vllm(argv: list[str]) -> dict[str, str | None]:
     p.add_argument("--quantization")
     p.add_argument("--kv-cache-dtype")
     p.add_argument("--distributed-executor-backend", choices=["ray", "mp"])
+    for name in ("--nnodes", "--node-rank", "--master-port"):
+        p.add_argument(name, type=int)
+    p.add_argument("--master-addr")
+    p.add_argument("--headless", action="store_true")
     p.add_argument("--disable-log-stats", action="store_true")
     a = p.parse_args(argv)
     key = a.api_key or os.environ.get("VLLM_API_KEY")

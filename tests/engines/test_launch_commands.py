@@ -45,10 +45,16 @@ VLLM_HEAD = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL, "
     (TP4, EP, VLLM_HEAD + ["--tensor-parallel-size", "4", "--quantization", "fp8",
                            "--kv-cache-dtype", "fp8"]),
     (PP2_NODES, NO_KEY, VLLM_HEAD + ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
-                                     "--distributed-executor-backend", "ray", "--disable-log-stats"]),
+                                     "--distributed-executor-backend", "mp", "--nnodes", "2", "--node-rank", "0",
+                                     "--master-addr", "10.0.0.1", "--master-port", "5000", "--disable-log-stats"]),
 ], ids=["single-gpu", "tp4", "2-node-pp"])
 def test_vllm(options: dict[str, Any], endpoint: Endpoint, expected: list[str]) -> None:
     assert vllm_argv(MODEL, "llama", launch_options(options), endpoint) == expected
+
+
+def test_vllm_second_node_runs_headless() -> None:
+    argv = vllm_argv(MODEL, "llama", launch_options({**PP2_NODES, "node_rank": 1}), NO_KEY)
+    assert argv[argv.index("--node-rank") + 1] == "1" and "--headless" in argv
 
 
 def test_vllm_key_travels_in_the_environment_not_argv() -> None:
