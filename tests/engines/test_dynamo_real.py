@@ -70,11 +70,13 @@ def test_frontend_with_mocker_through_the_gateway(tmp_path: Path) -> None:
             stream_options={"include_usage": True}))
         assert chunks[0].choices[0].delta.role == "assistant"
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+        text = client.completions.create(model=SERVED, prompt="hello there", max_tokens=3)
+        assert text.usage is not None and text.usage.completion_tokens == 3
         metrics = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
         labels = f'{{engine="dynamo",model="{SERVED}"}}'
         generated = [float(r.split()[-1]) for r in metrics.splitlines() if r.startswith("enginegate_engine_generation_tokens" + labels)]
         prompt = [float(r.split()[-1]) for r in metrics.splitlines() if r.startswith("enginegate_engine_prompt_tokens" + labels)]
-        assert generated == [10.0]
+        assert generated == [13.0]
         assert prompt and prompt[0] >= 2
     for pid in pids:
         assert pid is not None

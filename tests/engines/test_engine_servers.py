@@ -126,6 +126,14 @@ def test_the_engines_error_shape_becomes_an_openai_400(running: Running) -> None
     assert isinstance(body, dict) and body.get("type") == "invalid_request_error"
 
 
+def test_embeddings_where_the_engine_serves_them(running: Running) -> None:
+    if not running.adapter.capabilities.embeddings:
+        pytest.skip(f"{running.adapter.engine} does not serve embeddings")
+    result = running.client.embeddings.create(model=SERVED, input=["hello world", "bye"])
+    assert [len(d.embedding) for d in result.data] == [8, 8]
+    assert result.usage.prompt_tokens == 3
+
+
 def test_unsupported_operation_is_a_clear_400(running: Running) -> None:
     if running.adapter.capabilities.embeddings:
         pytest.skip(f"{running.adapter.engine} serves embeddings")

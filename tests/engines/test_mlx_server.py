@@ -71,6 +71,13 @@ def test_server_stream_through_the_gateway(gateway) -> None:
     assert all(c.choices for c in plain)
 
 
+def test_server_text_completions_agree_with_in_process(gateway) -> None:
+    client, _ = gateway
+    a = client.completions.create(model="inproc", prompt="the quick brown", max_tokens=6, temperature=0)
+    b = client.completions.create(model="server", prompt="the quick brown", max_tokens=6, temperature=0)
+    assert a.choices[0].text and a.choices[0].text == b.choices[0].text
+
+
 def test_server_bare_string_error_becomes_an_openai_400(gateway) -> None:
     client, _ = gateway
     with pytest.raises(openai.BadRequestError) as err:

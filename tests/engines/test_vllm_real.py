@@ -53,7 +53,7 @@ def vllm_python() -> str:
 
 def test_vllm_cpu_through_the_gateway(tmp_path: Path) -> None:
     python = vllm_python()
-    model = build_tiny_llama(tmp_path / "tiny")
+    model = build_tiny_llama(tmp_path / "tiny", hidden=128, heads=2, kv_heads=1)  # head_dim 64: CPU attention has no 16
     options = {
         "python": python,
         "context_length": 256,

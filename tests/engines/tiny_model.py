@@ -53,38 +53,41 @@ def _tokenizer(path: Path) -> list[bool]:
     return [bool(t) and t.isascii() and t.isprintable() and i >= len(specials) for i, t in enumerate(texts)]
 
 
-def _weights(printable: list[bool], seed: int) -> dict[str, np.ndarray]:
+def _weights(printable: list[bool], seed: int, hidden: int, heads: int, kv_heads: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     vocab = len(printable)
-    head_dim = HIDDEN // HEADS
+    head_dim = hidden // heads
 
     def rand(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.08).astype(np.float32)
 
     w: dict[str, np.ndarray] = {
-        "model.embed_tokens.weight": rand(vocab, HIDDEN),
-        "model.norm.weight": np.ones(HIDDEN, np.float32),
+        "model.embed_tokens.weight": rand(vocab, hidden),
+        "model.norm.weight": np.ones(hidden, np.float32),
         # Rows of zeros for tokens that are not printable ASCII: their logit is 0 while the best
         # random one is positive, so greedy output is readable text (random bytes otherwise stay
         # buffered as partial UTF-8). EOS keeps a small chance under sampling.
-        "lm_head.weight": rand(vocab, HIDDEN) * np.asarray(printable, np.float32)[:, None],
+        "lm_head.weight": rand(vocab, hidden) * np.asarray(printable, np.float32)[:, None],
     }
     for i in range(LAYERS):
         p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = np.ones(HIDDEN, np.float32)
-        w[p + "post_attention_layernorm.weight"] = np.ones(HIDDEN, np.float32)
-        w[p + "self_attn.q_proj.weight"] = rand(HEADS * head_dim, HIDDEN)
-        w[p + "self_attn.k_proj.weight"] = rand(KV_HEADS * head_dim, HIDDEN)
-        w[p + "self_attn.v_proj.weight"] = rand(KV_HEADS * head_dim, HIDDEN)
-        w[p + "self_attn.o_proj.weight"] = rand(HIDDEN, HEADS * head_dim)
-        w[p + "mlp.gate_proj.weight"] = rand(INTERMEDIATE, HIDDEN)
-        w[p + "mlp.up_proj.weight"] = rand(INTERMEDIATE, HIDDEN)
-        w[p + "mlp.down_proj.weight"] = rand(HIDDEN, INTERMEDIATE)
+        w[p + "input_layernorm.weight"] = np.ones(hidden, np.float32)
+        w[p + "post_attention_layernorm.weight"] = np.ones(hidden, np.float32)
+        w[p + "self_attn.q_proj.weight"] = rand(heads * head_dim, hidden)
+        w[p + "self_attn.k_proj.weight"] = rand(kv_heads * head_dim, hidden)
+        w[p + "self_attn.v_proj.weight"] = rand(kv_heads * head_dim, hidden)
+        w[p + "self_attn.o_proj.weight"] = rand(hidden, heads * head_dim)
+        w[p + "mlp.gate_proj.weight"] = rand(INTERMEDIATE, hidden)
+        w[p + "mlp.up_proj.weight"] = rand(INTERMEDIATE, hidden)
+        w[p + "mlp.down_proj.weight"] = rand(hidden, INTERMEDIATE)
     return w
 
 
-def build_tiny_llama(path: Path, seed: int = 0) -> Path:
-    """Write the model into `path` (created) and return it."""
+def build_tiny_llama(path: Path, seed: int = 0, hidden: int = HIDDEN, heads: int = HEADS, kv_heads: int = KV_HEADS) -> Path:
+    """Write the model into `path` (created) and return it.
+
+    vLLM's CPU attention supports only some head sizes (16 is refused): its test asks for
+    hidden 128 with 2 heads (head_dim 64)."""
     from safetensors.numpy import save_file
 
     path.mkdir(parents=True, exist_ok=True)
@@ -93,12 +96,12 @@ def build_tiny_llama(path: Path, seed: int = 0) -> Path:
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": HIDDEN,
+        "hidden_size": hidden,
         "intermediate_size": INTERMEDIATE,
         "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HIDDEN // HEADS,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads,
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
         "vocab_size": vocab,
@@ -110,5 +113,5 @@ def build_tiny_llama(path: Path, seed: int = 0) -> Path:
         "torch_dtype": "float32",
     }
     (path / "config.json").write_text(json.dumps(config, indent=1))
-    save_file(_weights(printable, seed), str(path / "model.safetensors"), metadata={"format": "pt"})
+    save_file(_weights(printable, seed, hidden, heads, kv_heads), str(path / "model.safetensors"), metadata={"format": "pt"})
     return path
