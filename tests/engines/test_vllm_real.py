@@ -76,10 +76,15 @@ def test_vllm_cpu_through_the_gateway(tmp_path: Path) -> None:
             stream_options={"include_usage": True}))
         assert chunks[0].choices[0].delta.role == "assistant"
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+        text = client.completions.create(model=SERVED, prompt="the quick brown", max_tokens=5, temperature=0)
+        assert text.usage is not None and 0 < text.usage.completion_tokens <= 5
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=SERVED, messages=[{"role": "user", "content": "hi"}], max_tokens=4096)
         metrics = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
-        assert f'enginegate_engine_generation_tokens{{engine="vllm",model="{SERVED}"}}' in metrics
+        line = f'enginegate_engine_generation_tokens{{engine="vllm",model="{SERVED}"}}'
+        generated = [float(r.split()[-1]) for r in metrics.splitlines() if r.startswith(line)]
+        expected = 2 * whole.usage.completion_tokens + text.usage.completion_tokens
+        assert generated == [float(expected)], "vllm:generation_tokens_total mapped onto the gateway's name"
     assert pid is not None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
