@@ -57,6 +57,7 @@ def _api_key(options: Mapping[str, Any]) -> str | None:
 
 class ExternalAdapter(Adapter):
     engine: ClassVar[str] = "openai"
+    local_weights: ClassVar[bool] = False  # nothing to resolve or plan: the model lives upstream
     capabilities: ClassVar[Capabilities] = Capabilities(
         chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True,
     )
@@ -90,9 +91,7 @@ class ExternalAdapter(Adapter):
         except (orjson.JSONDecodeError, AttributeError) as exc:
             raise EngineError(f"{self.relay.engine} sent a malformed model list", 502) from exc
 
-    async def start(self) -> None:
-        if not self._verify:
-            return
+    async def _check(self) -> None:
         models = await self._models()
         if models and self.upstream.model not in models:
             raise EngineError(
@@ -100,12 +99,16 @@ class ExternalAdapter(Adapter):
                 503, "model_not_found",
             )
 
+    async def start(self) -> None:
+        if self._verify:
+            await self._check()
+
     async def stop(self) -> None:
         await self.relay.aclose()
 
     async def health(self) -> Health:
         try:
-            await self._models()
+            await self._check()
         except Exception as exc:  # noqa: BLE001 - health reports any failure as text
             return Health(False, str(exc))
         return Health(True, self.upstream.base_url)

@@ -12,7 +12,10 @@ until the crash loop limit. `stop()` cancels the supervisor and stops the whole 
 (SIGTERM, wait, SIGKILL). On Linux each engine gets PR_SET_PDEATHSIG=SIGKILL, so an engine
 dies with the gateway even when the gateway is killed outright.
 
-Concurrency: all methods run on one event loop; `start()`/`stop()` are serialised by a lock.
+Concurrency: all methods run on one event loop; `start()` calls are serialised by one lock and
+`stop()` calls by another, so a stop can interrupt a start that waits for readiness.
+Linux delivers the parent-death signal when the *thread* that spawned the engine exits, so the
+event loop that starts engines must live as long as the gateway (uvicorn's main thread does).
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, Pro
 from adapters.prom import engine_stats
 from gateway.config import ModelConfig
 
-EXIT_GRACE_S = 2.0
 ROUTES: Mapping[str, str] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
@@ -100,7 +99,7 @@ class ServerAdapter(Adapter):
             stop_timeout=float(self.options.get("stop_timeout", 10.0)),
             restart=restart_policy_from(self.options),
             log_path=Path(self.options["log_dir"]) / f"{self.served}{suffix}.{self.engine}.log"
-            if self.options.get("log_dir") else engine_log_path(self.engine + suffix, self.served),
+            if self.options.get("log_dir") else engine_log_path(self.engine, self.served + suffix),
             uses_api_key=self.uses_api_key,
         )
 
@@ -153,27 +152,34 @@ class ServerAdapter(Adapter):
                        process: ManagedProcess | None = None) -> Completion | AsyncIterator[StreamEvent]:
         process = process or self.process
         upstream = await self._upstream(process)
-        used = process.endpoint
         try:
             return await self.relay.forward(upstream, path, body, ctx)
         except EngineError as exc:
             # Refused before anything was sent, by an engine that just died: the supervisor is
-            # restarting it (or already has, on a new endpoint), so wait for that and retry once.
-            if exc.code != "engine_unreachable":
+            # restarting it, so wait for that and retry once instead of failing the request.
+            # (A dying process closes its sockets a moment before its exit can be seen.)
+            if exc.code != "engine_unreachable" or not await self._died(process):
                 raise
-            if process.state is ProcessState.READY and process.endpoint is used and not process.exited():
-                # A dying engine closes its socket a moment before it can be reaped: give the
-                # supervisor that moment to notice before calling the engine alive but refusing.
-                await process.wait_changed(EXIT_GRACE_S)
-                if process.state is ProcessState.READY and process.endpoint is used and not process.exited():
-                    raise
+        endpoint = process.endpoint
         deadline = asyncio.get_running_loop().time() + self.ready_wait
-        while process.state is ProcessState.READY and process.endpoint is used:
+        while process.state is ProcessState.READY and process.endpoint is endpoint:
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 break
             await process.wait_changed(left)
         return await self.relay.forward(await self._upstream(process), path, body, ctx)
+
+    @staticmethod
+    async def _died(process: ManagedProcess, grace: float = 1.0) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while not process.exited():
+            if process.state is not ProcessState.READY:
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     async def chat(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         return await self._forward(ROUTES["chat"], body, ctx)

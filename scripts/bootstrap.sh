@@ -35,13 +35,19 @@ if ! "$VPY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA
     mkdir -p "$WHEELS"
     export CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
     # -v shows CMake's "[ NN%]" lines: print them as progress, keep the rest in the log.
-    if ! "$VPY" -m pip wheel -v --no-deps --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_VERSION" -w "$WHEELS" \
-        2>&1 | tee "$CACHE/llamacpp-build.log" | grep --line-buffered -oE '^\s*\[ *[0-9]+%\]' | uniq | tr '\n' ' '; then
-      echo; echo "llama-cpp-python build failed; last lines of $CACHE/llamacpp-build.log:" >&2
+    # --no-cache-dir: pip's own cache may hold a wheel built with other flags (e.g. AMX).
+    set +o pipefail
+    "$VPY" -m pip wheel -v --no-cache-dir --no-deps --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_VERSION" \
+        -w "$WHEELS" 2>&1 | tee "$CACHE/llamacpp-build.log" \
+        | { grep --line-buffered -oE '^\s*\[ *[0-9]+%\]' | uniq | tr '\n' ' '; true; }
+    status=${PIPESTATUS[0]}
+    set -o pipefail
+    echo
+    if [ "$status" -ne 0 ] || ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+      echo "llama-cpp-python build failed; last lines of $CACHE/llamacpp-build.log:" >&2
       tail -30 "$CACHE/llamacpp-build.log" >&2
       exit 1
     fi
-    echo
   fi
   say "installing llama-cpp-python from $WHEELS"
   "$VPY" -m pip install -q "$WHEELS"/llama_cpp_python-*.whl

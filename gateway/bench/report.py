@@ -130,6 +130,7 @@ def compare_table(result: BenchResult) -> str:
 def to_json(result: BenchResult) -> dict[str, Any]:
     plan = result.plan
     return {
+        "units": {"latency": "seconds", "rates": "per second"},
         "targets": [dataclasses.asdict(t) | {"url": t.url, "api_key": bool(t.api_key)} for t in plan.targets],
         "levels": [dataclasses.asdict(level) | {"label": level.label} for level in plan.levels],
         "workload": plan.source.describe(),

@@ -68,7 +68,7 @@ class LevelStats:
     error_examples: dict[str, str]
     duration_s: float
     request_rate: float
-    input_tps: float
+    input_tps: float | None  # None: some answers had no prompt count (no usage, no tokenizer)
     output_tps: float
     ttft: Dist
     tpot: Dist
@@ -120,7 +120,7 @@ def summarize(label: str, results: Sequence[RequestResult], duration_s: float, s
         error_examples=examples,
         duration_s=duration_s,
         request_rate=len(ok) / duration_s,
-        input_tps=prompt / duration_s,
+        input_tps=prompt / duration_s if all(r.prompt_tokens is not None for r in ok) else None,
         output_tps=completion / duration_s,
         ttft=distribution([r.ttft for r in ok if r.ttft is not None]),
         tpot=distribution([t for r in ok if (t := r.tpot) is not None]),

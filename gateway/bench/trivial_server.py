@@ -48,8 +48,7 @@ async def serve(port: int, tokens: int) -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
-    server = site._server  # noqa: SLF001 - the bound port when --port 0
-    bound = server.sockets[0].getsockname()[1] if server is not None else port  # type: ignore[union-attr]
+    bound = int(runner.addresses[0][1])  # the bound port, also when --port 0
     print(f"trivial server on {bound}", flush=True)
     await asyncio.Event().wait()
 

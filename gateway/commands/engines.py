@@ -12,6 +12,7 @@ the binary records the version and flags, so a second run with the same inputs i
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import json
 import os
@@ -157,6 +158,26 @@ def _where(args: argparse.Namespace) -> int:
     return 0
 
 
+def _logs(args: argparse.Namespace) -> int:
+    from adapters.paths import logs_dir
+
+    files = sorted(logs_dir().glob("*.log")) if logs_dir().is_dir() else []
+    if args.model is None:
+        for path in files:
+            print(path)
+        return 0 if files else 1
+    matches = [p for p in files if p.name.startswith((f"{args.model}.", f"{args.model}-embed."))]
+    if not matches:
+        print(f"no engine log for {args.model!r} in {logs_dir()}", file=sys.stderr)
+        return 1
+    for path in matches:
+        with path.open("r", encoding="utf-8", errors="replace") as f:
+            tail = collections.deque(f, maxlen=args.lines)
+        print(f"==> {path} <==")
+        sys.stdout.writelines(tail)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     engines = subparsers.add_parser("engines", help="install and locate engine servers")
     sub = engines.add_subparsers(dest="engines_command", required=True)
@@ -167,6 +188,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     install.set_defaults(func=_install)
     where = sub.add_parser("where", help="print the llama-server binary the gateway would use")
     where.set_defaults(func=_where)
+    logs = sub.add_parser("logs", help="the last lines of an engine server's log (no MODEL: list the logs)")
+    logs.add_argument("model", nargs="?", help="served model id")
+    logs.add_argument("-n", "--lines", type=int, default=50)
+    logs.set_defaults(func=_logs)
 
 
 def main(argv: list[str] | None = None) -> int:

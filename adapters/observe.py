@@ -1,0 +1,79 @@
+"""Parse relayed payloads just enough for metrics: first content, usage, finish_reason, errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from adapters.base import StreamEvent, Usage
+from adapters.upstream_errors import error_event, normalise_error
+
+
+def _usage(obj: Any) -> Usage | None:
+    if not isinstance(obj, dict):
+        return None
+    prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
+    if not isinstance(prompt, int):
+        return None
+    return Usage(prompt, completion if isinstance(completion, int) else 0)
+
+
+def observe(payload: bytes, drop_usage: bool) -> StreamEvent:
+    """Parse one event just enough for metrics; `data` stays the upstream's bytes."""
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return error_event(f"the engine sent a malformed stream event: {payload[:200]!r}", "upstream_malformed")
+    if not isinstance(obj, dict):
+        return error_event(f"the engine sent a malformed stream event: {payload[:200]!r}", "upstream_malformed")
+    choices = obj.get("choices")
+    if "error" in obj or obj.get("object") == "error" or (choices is None and "message" in obj and "usage" not in obj):
+        status = obj.get("code") if isinstance(obj.get("code"), int) else 500
+        return StreamEvent(orjson.dumps(normalise_error(status, obj)), is_error=True)
+    usage = _usage(obj.get("usage"))
+    has_content = False
+    finish: str | None = None
+    if isinstance(choices, list):
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content") or delta.get("reasoning"):
+                    has_content = True
+            elif choice.get("text"):
+                has_content = True
+            if choice.get("finish_reason"):
+                finish = choice["finish_reason"]
+    if drop_usage and usage is not None and not choices:
+        return StreamEvent(b"", usage=usage)
+    return StreamEvent(payload, has_content, usage, finish)
+
+
+_SMALL_BODY = 64 * 1024
+
+
+def extract_usage(body: bytes) -> Usage | None:
+    """Usage from a whole response; in a large one (embeddings) only the `usage` object is parsed."""
+    at = body.rfind(b'"usage"') if len(body) > _SMALL_BODY else -1
+    if at >= 0:
+        start = body.find(b"{", at)
+        if start >= 0:
+            depth = 0
+            for end in range(start, min(len(body), start + 4096)):
+                ch = body[end]
+                if ch == 0x7B:
+                    depth += 1
+                elif ch == 0x7D:
+                    depth -= 1
+                    if depth == 0:
+                        try:
+                            return _usage(orjson.loads(body[start:end + 1]))
+                        except orjson.JSONDecodeError:
+                            break
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return _usage(obj.get("usage")) if isinstance(obj, dict) else None

@@ -1,0 +1,105 @@
+"""Every engine's error shape -> OpenAI's `{"error": {...}}`, and the exception it becomes."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+
+from adapters.base import ClientRequestError, EngineError, StreamEvent
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+_OPENAI_TYPES = frozenset(_TYPE_BY_STATUS.values()) | {"server_error", "timeout_error"}
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return f"HTTP {status}"
+
+
+def _param_from_loc(loc: Any) -> str | None:
+    if isinstance(loc, list):
+        parts = [str(p) for p in loc if p not in ("body", "query")]
+        return ".".join(parts) or None
+    return None
+
+
+def normalise_error(status: int, raw: bytes | str | dict[str, Any] | None) -> dict[str, Any]:
+    """Any engine's error body -> OpenAI's `{"error": {"message", "type", "param", "code"}}`."""
+    obj: Any = raw
+    if isinstance(raw, (bytes, str)):
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        try:
+            obj = orjson.loads(text) if text.strip() else None
+        except orjson.JSONDecodeError:
+            obj = text.strip()[:2000] or None
+    message: str | None = None
+    etype: str | None = None
+    param: str | None = None
+    code: Any = None
+    source: Any = obj
+    if isinstance(obj, dict) and "error" in obj:
+        source = obj["error"]  # nested (OpenAI, llama-server, vLLM) or bare string (MLX, 401s)
+    elif isinstance(obj, dict) and "detail" in obj:
+        detail = obj["detail"]  # FastAPI (TabbyAPI)
+        if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+            first = detail[0]
+            param = _param_from_loc(first.get("loc"))
+            message = "; ".join(
+                f"{_param_from_loc(d.get('loc')) or 'body'}: {d.get('msg', d)}" for d in detail if isinstance(d, dict)
+            )
+        else:
+            source = detail
+    if isinstance(source, dict):
+        message = message or _text(source.get("message") or source.get("msg") or source.get("detail"))
+        etype = _text(source.get("type"))
+        param = param or _text(source.get("param"))
+        code = source.get("code")
+    elif source is not None and message is None:
+        message = source if isinstance(source, str) else orjson.dumps(source).decode()
+    if etype not in _OPENAI_TYPES:
+        etype = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    if isinstance(code, int) and code == status:
+        code = None  # llama-server repeats the status as code: no extra information
+    return {"error": {"message": message or _reason(status), "type": etype, "param": param, "code": code}}
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def error_exception(status: int, raw: bytes | str | dict[str, Any] | None, engine: str = "engine") -> Exception:
+    """The exception an engine's error response becomes: the client's fault or the engine's."""
+    err = normalise_error(status, raw)["error"]
+    message: str = err["message"]
+    code = err["code"] if err["code"] is None else str(err["code"])
+    if status in (401, 403):
+        return EngineError(f"{engine} rejected the gateway's credentials: {message}", 502, "upstream_auth")
+    if status in (408, 504):
+        return EngineError(f"{engine} timed out: {message}", 504, code or "upstream_timeout")
+    if status in (503, 529):
+        return EngineError(f"{engine} is unavailable: {message}", 503, code or "engine_unavailable")
+    if 400 <= status < 500 and status != 499:
+        return ClientRequestError(message, status, err["param"], code)
+    return EngineError(f"{engine} error {status}: {message}", 502, code)
+
+
+def error_event(message: str, code: str, etype: str = "server_error") -> StreamEvent:
+    body = {"error": {"message": message, "type": etype, "param": None, "code": code}}
+    return StreamEvent(orjson.dumps(body), is_error=True)
