@@ -51,17 +51,24 @@ _END = object()
 class _TokenCounter:
     """A llama-cpp-python logits processor: counts sampled tokens, notes the prompt length and
     applies `logit_bias`. (llama-cpp-python 0.3.x drops every logits processor when it is given
-    both `logit_bias` and a processor list: `list.extend` returns None there.)"""
+    both `logit_bias` and a processor list: `list.extend` returns None there.)
+
+    Its first call comes when the prompt is evaluated and the first token is about to be sampled:
+    the engine-side time to first token, measured from the request's submission (executor wait included).
+    """
 
     def __init__(self, logit_bias: dict[int, float] | None = None) -> None:
         self.prompt_tokens: int | None = None
         self.sampled = 0
+        self.submitted_at = time.perf_counter()
+        self.first_token_at: float | None = None
         self.bias_ids = np.array(list(logit_bias), dtype=np.intc) if logit_bias else None
         self.bias_values = np.array(list(logit_bias.values()), dtype=np.single) if logit_bias else None
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         if self.prompt_tokens is None:
             self.prompt_tokens = len(input_ids)
+            self.first_token_at = time.perf_counter()
         self.sampled += 1
         if self.bias_ids is not None:
             scores = scores.copy()
@@ -88,7 +95,10 @@ class LlamaCppAdapter(Adapter):
         self._llm: Any = None
         self._embedder: Any = None
         self._embed_lock = asyncio.Lock()
-        self._stats = EngineStats(requests_running=0, prompt_tokens_total=0, generation_tokens_total=0)
+        self._stats = EngineStats(
+            requests_running=0, requests_waiting=0, prompt_tokens_total=0, generation_tokens_total=0,
+            ttft_seconds_sum=0.0, ttft_seconds_count=0,
+        )
         self._stats_lock = threading.Lock()
         self._started = False
 
@@ -143,7 +153,11 @@ class LlamaCppAdapter(Adapter):
 
     async def engine_stats(self) -> EngineStats:
         with self._stats_lock:
-            return dataclasses.replace(self._stats)
+            stats = dataclasses.replace(self._stats)
+        llm = self._llm
+        if llm is not None:  # one sequence: the KV cache holds the tokens of the current context
+            stats.kv_cache_usage_ratio = min(1.0, llm.n_tokens / max(1, self.n_ctx))
+        return stats
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"path": self.path, "context_length": self.n_ctx, "threads": self.n_threads}
@@ -204,6 +218,17 @@ class LlamaCppAdapter(Adapter):
     def _count_generated(self, n: int) -> None:
         with self._stats_lock:
             self._stats.generation_tokens_total = (self._stats.generation_tokens_total or 0) + n
+
+    def _finished(self, counter: _TokenCounter) -> None:
+        self._count_generated(counter.sampled)
+        if counter.first_token_at is not None:
+            with self._stats_lock:
+                self._stats.ttft_seconds_sum = (self._stats.ttft_seconds_sum or 0.0) + counter.first_token_at - counter.submitted_at
+                self._stats.ttft_seconds_count = (self._stats.ttft_seconds_count or 0) + 1
+
+    def _waiting(self, delta: int) -> None:
+        with self._stats_lock:
+            self._stats.requests_waiting = (self._stats.requests_waiting or 0) + delta
 
     def _running(self, delta: int) -> None:
         with self._stats_lock:
@@ -294,13 +319,15 @@ class LlamaCppAdapter(Adapter):
         loop = asyncio.get_running_loop()
 
         def run() -> dict[str, Any]:
+            self._waiting(-1)
             self._running(+1)
             try:
                 return call()
             finally:
                 self._running(-1)
-                self._count_generated(counter.sampled)
+                self._finished(counter)
 
+        self._waiting(+1)
         try:
             result = await loop.run_in_executor(self._executor, run)
         except (UnsupportedError, EngineError):
@@ -331,6 +358,7 @@ class LlamaCppAdapter(Adapter):
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
         def produce() -> None:
+            self._waiting(-1)
             if cancelled.is_set():  # the client left while this request waited for the thread
                 put(_END)
                 return
@@ -349,9 +377,10 @@ class LlamaCppAdapter(Adapter):
                 if chunks is not None and hasattr(chunks, "close"):
                     chunks.close()
                 self._running(-1)
-                self._count_generated(counter.sampled)
+                self._finished(counter)
                 put(_END)
 
+        self._waiting(+1)
         loop.run_in_executor(self._executor, produce)
         return self._events(queue, cancelled, counter, ctx, prefix, chunk_object)
 

@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     api_keys: tuple[str, ...] = ()
     """When set, every /v1 route requires `Authorization: Bearer <one of these>`."""
+    metrics_api_key: str | None = None
+    """When set, /metrics requires `Authorization: Bearer <this key>` (Prometheus: `authorization.credentials`)."""
     retry_after_seconds: int = Field(default=1, ge=1)
     config_file: Path | None = Field(default=None, exclude=True)
 

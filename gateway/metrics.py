@@ -1,41 +1,62 @@
 """Prometheus metrics for the gateway and the plain-ASGI middleware that times every request.
 
 One `GatewayMetrics` per app, on its own CollectorRegistry, so several apps (tests) can live
-in one process. Labels are bounded: routes from a fixed set, models from the configuration.
+in one process. Labels are bounded: routes from a fixed set, models and engines from the
+configuration, error types and GPU indices from fixed sets; never a string from a request.
+
+Buckets (seconds unless named otherwise), chosen for LLM serving:
+- TTFT 5 ms .. 2 min: a cached prefix answers in milliseconds, a long prompt on a CPU in minutes.
+- TPOT / inter-token 1 ms .. 2.5 s: 1000 tokens/s on a big GPU to a starved CPU.
+- request duration / end-to-end 5 ms .. 10 min: health checks to long generations.
+- queue wait 1 ms .. 5 min; overhead 50 us .. 1 s (the gateway's own work should sit at the low end).
+- tokens per request 1 .. 131072 (powers of 2-4, up to a 128k context).
 """
 
 from __future__ import annotations
 
+import platform
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.metrics_core import Metric, SummaryMetricFamily
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapters.base import EngineStats
+from gateway.timing import TIMING_STATE_KEY, RequestTiming
 
-# Seconds. LLM latencies span milliseconds (a cached first token) to minutes (long generations).
+VERSION = "0.1.0"
+
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
 
 ROUTES = frozenset(
     {
+        "/",
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/embeddings",
         "/v1/models",
+        "/v1/gateway/plan",
+        "/v1/gateway/stats",
         "/health",
         "/ready",
         "/metrics",
     }
 )
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+ERROR_TYPES = ("client", "unsupported", "engine", "engine_stream", "internal", "cancelled")
 MODEL_STATE_KEY = "enginegate.model"
+OVERHEAD_HEADER = b"x-enginegate-overhead-ms"
 UNKNOWN = "unknown"
+MAX_INFO_LABEL = 120
 
 ENGINE_STAT_GAUGES: dict[str, tuple[str, str]] = {
     "requests_running": ("enginegate_engine_requests_running", "Requests the engine reports running."),
@@ -54,12 +75,32 @@ def route_label(path: str) -> str:
         return path
     if path.startswith("/v1/models/"):
         return "/v1/models/{id}"
+    if path.startswith("/static/"):
+        return "/static"
     return "other"
 
 
-class GatewayMetrics:
+class EngineTTFTCollector(Collector):
+    """The engine's own TTFT (its sum and count) as a Prometheus summary, from the last poll."""
+
     def __init__(self) -> None:
+        self.latest: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = SummaryMetricFamily(
+            "enginegate_engine_time_to_first_token_seconds",
+            "Time to first token as the engine itself measures it (its running sum and count).",
+            labels=["model", "engine"],
+        )
+        for (model, engine), (count, total) in sorted(self.latest.items()):
+            family.add_metric([model, engine], count_value=count, sum_value=total)
+        yield family
+
+
+class GatewayMetrics:
+    def __init__(self, gpu: bool = True) -> None:
         self.registry = CollectorRegistry()
+        self.started_at = time.time()
         r = self.registry
         self.requests = Counter(
             "enginegate_requests", "HTTP requests by route, model and status.", ["route", "model", "status"], registry=r
@@ -72,6 +113,13 @@ class GatewayMetrics:
             registry=r,
         )
         self.in_flight = Gauge("enginegate_requests_in_flight", "Requests being handled now.", ["route"], registry=r)
+        self.overhead = Histogram(
+            "enginegate_overhead_seconds",
+            "The gateway's own time per request: total minus time queued for a slot and time inside the engine.",
+            ["route"],
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
         self.ttft = Histogram(
             "enginegate_time_to_first_token_seconds",
             "Time from request arrival to the first generated token leaving the gateway.",
@@ -84,6 +132,20 @@ class GatewayMetrics:
             "Mean time between output tokens after the first, per request.",
             ["model", "engine"],
             buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "enginegate_inter_token_latency_seconds",
+            "Time between consecutive streamed content events (one token each for in-process engines).",
+            ["model", "engine"],
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "enginegate_e2e_request_latency_seconds",
+            "Time from request arrival to the end of a completed generation (queue wait included).",
+            ["model", "engine"],
+            buckets=DURATION_BUCKETS,
             registry=r,
         )
         self.queue_wait = Histogram(
@@ -99,8 +161,28 @@ class GatewayMetrics:
         self.completion_tokens = Counter(
             "enginegate_completion_tokens", "Completion tokens delivered.", ["model", "engine"], registry=r
         )
+        self.request_prompt_tokens = Histogram(
+            "enginegate_request_prompt_tokens",
+            "Prompt tokens per request.",
+            ["model", "engine"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.request_completion_tokens = Histogram(
+            "enginegate_request_completion_tokens",
+            "Completion tokens per request.",
+            ["model", "engine"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
         self.queue_waiting = Gauge(
             "enginegate_queue_waiting", "Requests waiting for a free engine slot.", ["model"], registry=r
+        )
+        self.queue_capacity = Gauge(
+            "enginegate_queue_capacity", "Requests that may wait for a slot before the gateway answers 429.", ["model"], registry=r
+        )
+        self.slots = Gauge(
+            "enginegate_generation_slots", "Generations the gateway lets run at once on the model's engine.", ["model"], registry=r
         )
         self.running = Gauge("enginegate_generations_running", "Generations in progress.", ["model"], registry=r)
         self.rejected = Counter(
@@ -116,18 +198,85 @@ class GatewayMetrics:
             "enginegate_errors", "Failed requests by kind of error.", ["model", "type"], registry=r
         )
         self.model_ready = Gauge("enginegate_model_ready", "1 when the model's engine is ready.", ["model", "engine"], registry=r)
+        self.model_info = Gauge(
+            "enginegate_model_info",
+            "Always 1: which engine serves the model, the planning rule that chose it and the quantisation.",
+            ["model", "engine", "rule", "quantization"],
+            registry=r,
+        )
+        self.build_info = Gauge("enginegate_build_info", "Always 1: the gateway's version.", ["version", "python"], registry=r)
+        self.build_info.labels(VERSION, platform.python_version()).set(1)
         self.engine_gauges = {
             field: Gauge(name, doc, ["model", "engine"], registry=r) for field, (name, doc) in ENGINE_STAT_GAUGES.items()
         }
+        self.engine_ttft = EngineTTFTCollector()
+        r.register(self.engine_ttft)
+        ProcessCollector(registry=r, namespace="enginegate")
+        self.gpu: Collector | None = None
+        if gpu:
+            from gateway.gpu import NvmlCollector
+
+            self.gpu = NvmlCollector.discover()
+            if self.gpu is not None:
+                r.register(self.gpu)
+        self._tracked: dict[str, tuple[str, str, str]] = {}
+
+    def track_model(self, model: str, engine: str, plan: Any, *, slots: int, max_queue: int, quantization: str | None = None) -> None:
+        """Declare a served model: its info series, its capacity, and zeroed error series (so rates exist)."""
+        rule, quant = plan_labels(plan, quantization)
+        previous = self._tracked.get(model)
+        if previous != (engine, rule, quant):
+            if previous is not None:
+                self.model_info.remove(model, *previous)
+            self.model_info.labels(model, engine, rule, quant).set(1)
+            self._tracked[model] = (engine, rule, quant)
+            for kind in ERROR_TYPES:
+                self.errors.labels(model, kind)
+            self.disconnects.labels(model, engine)
+            self.rejected.labels(model)
+        self.slots.labels(model).set(slots)
+        self.queue_capacity.labels(model).set(max_queue)
 
     def set_engine_stats(self, model: str, engine: str, stats: EngineStats) -> None:
         for field_name, gauge in self.engine_gauges.items():
             value = getattr(stats, field_name)
             if value is not None:
                 gauge.labels(model, engine).set(value)
+        if stats.ttft_seconds_count is not None and stats.ttft_seconds_sum is not None:
+            self.engine_ttft.latest[(model, engine)] = (stats.ttft_seconds_count, stats.ttft_seconds_sum)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def plan_labels(plan: Any, quantization: str | None = None) -> tuple[str, str]:
+    """(rule, quantisation) from a Plan, read defensively: plans differ between planner versions."""
+    rule = getattr(plan, "rule", None) or getattr(plan, "rule_id", None)
+    if not rule:  # the planner's candidates: the chosen one names the rule that picked it
+        engine = getattr(plan, "engine", None)
+        for candidate in getattr(plan, "candidates", None) or ():
+            if getattr(candidate, "status", None) == "chosen" and getattr(candidate, "engine", engine) == engine:
+                rule = getattr(candidate, "rule", None)
+                break
+    if not rule:
+        reasons = getattr(plan, "reasons", None) or ()
+        rule = reasons[0] if reasons else None
+    spec = getattr(plan, "spec", None)
+    options = getattr(plan, "options", None) or {}
+    quant = (
+        quantization
+        or getattr(plan, "quantization", None)
+        or getattr(spec, "quant_type", None)
+        or getattr(spec, "quantization", None)
+        or options.get("quantization")
+        or options.get("quant_type")
+    )
+    return _bounded(rule), _bounded(quant)
+
+
+def _bounded(value: Any) -> str:
+    text = str(value).strip() if value else UNKNOWN
+    return text[:MAX_INFO_LABEL] or UNKNOWN
 
 
 def set_model_label(scope: Scope, model: str) -> None:
@@ -135,7 +284,11 @@ def set_model_label(scope: Scope, model: str) -> None:
 
 
 class MetricsMiddleware:
-    """Plain ASGI: request id, in-flight gauge, request counter and duration (to the last byte)."""
+    """Plain ASGI: request id, in-flight gauge, request counter, duration (to the last byte), overhead.
+
+    Every response carries `x-enginegate-overhead-ms`: the gateway's own time until the response
+    headers left (for a stream that is before the first token; the histogram covers the whole stream).
+    """
 
     def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
         self.app = app
@@ -148,7 +301,9 @@ class MetricsMiddleware:
         started = time.perf_counter()
         route = route_label(scope["path"])
         request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        timing = state[TIMING_STATE_KEY] = RequestTiming()
         status = 500
         in_flight = self.metrics.in_flight.labels(route)
         in_flight.inc()
@@ -157,16 +312,23 @@ class MetricsMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                overhead_ms = timing.overhead(time.perf_counter() - started) * 1000
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-request-id", request_id.encode()),
+                    (OVERHEAD_HEADER, f"{overhead_ms:.3f}".encode()),
+                ]
             await send(message)
 
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
             in_flight.dec()
+            total = time.perf_counter() - started
             model = scope.get("state", {}).get(MODEL_STATE_KEY, UNKNOWN)
             self.metrics.requests.labels(route, model, str(status)).inc()
-            self.metrics.request_duration.labels(route, model).observe(time.perf_counter() - started)
+            self.metrics.request_duration.labels(route, model).observe(total)
+            self.metrics.overhead.labels(route).observe(timing.overhead(total))
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -4,6 +4,9 @@ Standard library only: the bootstrap runs it before any dependency is installed.
 x86-64: never -march=native and never AMX (ggml's AMX path dies with SIGILL on some
 Sapphire Rapids hosts); each SIMD level is switched on only when /proc/cpuinfo lists it.
 Other architectures keep llama.cpp's own defaults for the build CPU.
+`--portable` (container images, which run on CPUs other than the one that built them): x86-64
+gets the x86-64-v3 baseline (AVX2, FMA, F16C, BMI2; no AVX-512, no AMX) whatever the build CPU
+has; other architectures turn native tuning off.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ X86_FEATURES: tuple[tuple[str, str], ...] = (
     ("avx512_bf16", "GGML_AVX512_BF16"),
 )
 ALWAYS_OFF = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+# x86-64-v3 (Haswell, 2013, and every later x86 server/desktop CPU): what a portable image assumes.
+PORTABLE_X86 = frozenset({"sse4_2", "avx", "avx2", "bmi2", "fma", "f16c"})
 COMMON = ("-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
 
 
@@ -37,10 +42,10 @@ def cpu_flags(cpuinfo: str) -> set[str]:
     return set()
 
 
-def cmake_args(machine: str, cpuinfo: str) -> list[str]:
+def cmake_args(machine: str, cpuinfo: str, portable: bool = False) -> list[str]:
     if machine.lower() not in {"x86_64", "amd64"}:
-        return [*COMMON]
-    flags = cpu_flags(cpuinfo)
+        return ["-DGGML_NATIVE=OFF", *COMMON] if portable else [*COMMON]
+    flags = set(PORTABLE_X86) if portable else cpu_flags(cpuinfo)
     args = ["-DGGML_NATIVE=OFF"]
     args += [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for flag, opt in X86_FEATURES]
     args += [f"-D{opt}=OFF" for opt in ALWAYS_OFF]
@@ -50,7 +55,7 @@ def cmake_args(machine: str, cpuinfo: str) -> list[str]:
 def main() -> int:
     cpuinfo_path = Path("/proc/cpuinfo")
     cpuinfo = cpuinfo_path.read_text() if cpuinfo_path.exists() else ""
-    print(" ".join(cmake_args(platform.machine(), cpuinfo)))
+    print(" ".join(cmake_args(platform.machine(), cpuinfo, portable="--portable" in sys.argv[1:])))
     return 0
 
 

@@ -17,6 +17,7 @@ from gateway.api.errors import APIError, error_payload
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.routing import Backend, QueueFull
 from gateway.runtime import Runtime
+from gateway.timing import TimedStream, request_timing
 
 log = logging.getLogger("enginegate.api")
 
@@ -79,6 +80,7 @@ async def admit(request: Request, backend: Backend) -> float:
         raise APIError(429, f"model `{backend.model_id}` is busy: {exc}", code="queue_full", headers={"Retry-After": retry_after}) from exc
     waited = time.perf_counter() - started
     m.queue_wait.labels(backend.model_id).observe(waited)
+    request_timing(request.scope).queued += waited
     return waited
 
 
@@ -87,8 +89,10 @@ async def generate(request: Request, backend: Backend, operation: Operation, bod
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
     await admit(request, backend)
+    timing = request_timing(request.scope)
     try:
-        result = await getattr(backend.adapter, operation)(body, ctx)
+        with timing.upstream_span():
+            result = await getattr(backend.adapter, operation)(body, ctx)
     except BaseException as exc:
         backend.admission.release()
         _count_error(m, backend, exc)
@@ -97,10 +101,12 @@ async def generate(request: Request, backend: Backend, operation: Operation, bod
         backend.admission.release()
         if result.usage is not None:
             _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
+        if result.status < 400:
+            m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
         content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
         return Response(content, status_code=result.status, media_type="application/json")
     return StreamingResponse(
-        _sse(result, backend, m, arrived), media_type="text/event-stream", headers=SSE_HEADERS
+        _sse(TimedStream(result, timing), backend, m, arrived), media_type="text/event-stream", headers=SSE_HEADERS
     )
 
 
@@ -113,10 +119,13 @@ async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayM
         try:
             async for event in events:
                 if event.has_content:
-                    last_at = time.perf_counter()
+                    now = time.perf_counter()
                     if first_at is None:
-                        first_at = last_at
+                        first_at = now
                         m.ttft.labels(backend.model_id, backend.engine).observe(first_at - arrived)
+                    else:
+                        m.itl.labels(backend.model_id, backend.engine).observe(now - last_at)
+                    last_at = now
                 if event.usage is not None:
                     usage = event.usage
                 if event.is_error:
@@ -139,6 +148,7 @@ async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayM
             yield b"data: " + orjson.dumps(error_payload(500, f"stream failed: {type(exc).__name__}")) + b"\n\n"
             return
         ended = True
+        m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
         yield DONE
     finally:
         await events.aclose()  # type: ignore[attr-defined]
@@ -155,6 +165,9 @@ async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayM
 def _count_tokens(m: GatewayMetrics, backend: Backend, prompt: int, completion: int) -> None:
     m.prompt_tokens.labels(backend.model_id, backend.engine).inc(prompt)
     m.completion_tokens.labels(backend.model_id, backend.engine).inc(completion)
+    m.request_prompt_tokens.labels(backend.model_id, backend.engine).observe(prompt)
+    if completion:
+        m.request_completion_tokens.labels(backend.model_id, backend.engine).observe(completion)
 
 
 def _count_error(m: GatewayMetrics, backend: Backend, exc: BaseException) -> None:

@@ -1,0 +1,118 @@
+"""/metrics (Prometheus text, optionally behind a key) and /v1/gateway/stats (a JSON summary for the status page)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from prometheus_client.metrics_core import Metric
+from starlette.responses import Response
+
+from gateway.api.errors import error_response
+from gateway.api.serving import metrics, runtime
+from gateway.metrics import GENERATION_ROUTES, GatewayMetrics
+from gateway.runtime import Runtime
+
+log = logging.getLogger("enginegate.metrics")
+router = APIRouter()
+STATS_TIMEOUT_S = 2.0
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+async def refresh(m: GatewayMetrics, rt: Runtime) -> dict[str, bool]:
+    """Bring the polled gauges up to date (queue, readiness, the engines' own stats); returns readiness."""
+    ready: dict[str, bool] = {}
+    for backend in rt.models:
+        m.track_model(
+            backend.model_id,
+            backend.engine,
+            backend.plan if backend.plan is not None else rt.plans.get(backend.model_id),
+            slots=backend.admission.concurrency,
+            max_queue=backend.admission.max_queue,
+            quantization=backend.info.get("quantization") or backend.info.get("quant_type"),
+        )
+        m.queue_waiting.labels(backend.model_id).set(backend.admission.waiting)
+        m.running.labels(backend.model_id).set(backend.admission.running)
+        health = await backend.adapter.health()
+        ready[backend.model_id] = health.ready
+        m.model_ready.labels(backend.model_id, backend.engine).set(1 if health.ready else 0)
+        try:
+            stats = await asyncio.wait_for(backend.adapter.engine_stats(), STATS_TIMEOUT_S)
+        except Exception as exc:  # TimeoutError included: a slow engine must not stall the scrape
+            log.debug("engine stats for %s unavailable: %s", backend.model_id, exc)
+            stats = None
+        if stats is not None:
+            m.set_engine_stats(backend.model_id, backend.engine, stats)
+    return ready
+
+
+def _authorized(request: Request, key: str) -> bool:
+    header = request.headers.get("authorization", "")
+    token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    return hmac.compare_digest(token.encode(), key.encode())
+
+
+@router.get("/metrics")
+async def prometheus_metrics(request: Request) -> Response:
+    key = getattr(request.app.state.settings, "metrics_api_key", None)
+    if key and not _authorized(request, key):
+        return error_response(401, "/metrics needs Authorization: Bearer <metrics_api_key>", code="invalid_api_key",
+                              headers={"WWW-Authenticate": "Bearer"})
+    m = metrics(request)
+    await refresh(m, runtime(request))
+    return Response(m.render(), media_type=PROMETHEUS_TEXT)
+
+
+def _samples(metric: Any, name: str, **labels: str) -> float:
+    total = 0.0
+    family: Metric
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def _histogram(metric: Any, prefix: str, model: str) -> dict[str, float]:
+    return {"sum": _samples(metric, f"{prefix}_sum", model=model), "count": _samples(metric, f"{prefix}_count", model=model)}
+
+
+def summarize(m: GatewayMetrics, rt: Runtime, ready: dict[str, bool]) -> dict[str, Any]:
+    """Running totals (counters, histogram sums and counts); a client derives rates from two readings."""
+    models: dict[str, Any] = {}
+    for backend in rt.models:
+        mid = backend.model_id
+        requests = sum(_samples(m.requests, "enginegate_requests_total", route=route, model=mid) for route in GENERATION_ROUTES)
+        models[mid] = {
+            "engine": backend.engine,
+            "ready": ready.get(mid, False),
+            "requests": requests,
+            "errors": _samples(m.errors, "enginegate_errors_total", model=mid),
+            "rejected": _samples(m.rejected, "enginegate_requests_rejected_total", model=mid),
+            "prompt_tokens": _samples(m.prompt_tokens, "enginegate_prompt_tokens_total", model=mid),
+            "completion_tokens": _samples(m.completion_tokens, "enginegate_completion_tokens_total", model=mid),
+            "ttft_seconds": _histogram(m.ttft, "enginegate_time_to_first_token_seconds", mid),
+            "tpot_seconds": _histogram(m.tpot, "enginegate_time_per_output_token_seconds", mid),
+            "e2e_seconds": _histogram(m.e2e, "enginegate_e2e_request_latency_seconds", mid),
+            "running": backend.admission.running,
+            "waiting": backend.admission.waiting,
+            "slots": backend.admission.concurrency,
+            "max_queue": backend.admission.max_queue,
+        }
+    overhead = {"sum": 0.0, "count": 0.0}
+    for route in GENERATION_ROUTES:
+        overhead["sum"] += _samples(m.overhead, "enginegate_overhead_seconds_sum", route=route)
+        overhead["count"] += _samples(m.overhead, "enginegate_overhead_seconds_count", route=route)
+    return {"time": time.time(), "uptime_seconds": time.time() - m.started_at, "models": models, "overhead_seconds": overhead}
+
+
+@router.get("/v1/gateway/stats")
+async def gateway_stats(request: Request) -> dict[str, Any]:
+    m = metrics(request)
+    rt = runtime(request)
+    ready = await refresh(m, rt)
+    return summarize(m, rt, ready)

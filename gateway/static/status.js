@@ -1,0 +1,138 @@
+// The status page: polls /ready, /v1/gateway/stats (and /v1/gateway/plan once) and derives
+// rates from two consecutive readings of the gateway's running totals. No build step, no CDN.
+"use strict";
+const INTERVAL_MS = 2000;
+let previous = null;
+let plans = null;
+
+const $ = (id) => document.getElementById(id);
+const fmt = (x, digits = 1) => (x === null || !isFinite(x) ? "-" : x.toFixed(digits));
+
+function headers() {
+  const key = sessionStorage.getItem("enginegate-key");
+  return key ? { Authorization: "Bearer " + key } : {};
+}
+
+async function getJSON(path) {
+  const response = await fetch(path, { headers: headers(), cache: "no-store" });
+  if (response.status === 401) {
+    $("keyform").hidden = false;
+    throw new Error(path + ": key required");
+  }
+  return { status: response.status, body: await response.json() };
+}
+
+function totals(stats) {
+  const t = { requests: 0, completion: 0, ttftSum: 0, ttftCount: 0, tpotSum: 0, tpotCount: 0 };
+  for (const m of Object.values(stats.models)) {
+    t.requests += m.requests;
+    t.completion += m.completion_tokens;
+    t.ttftSum += m.ttft_seconds.sum; t.ttftCount += m.ttft_seconds.count;
+    t.tpotSum += m.tpot_seconds.sum; t.tpotCount += m.tpot_seconds.count;
+  }
+  t.overheadSum = stats.overhead_seconds.sum; t.overheadCount = stats.overhead_seconds.count;
+  t.time = stats.time;
+  return t;
+}
+
+// Mean over the last interval when something happened in it, else the mean since start.
+function mean(now, before, sumKey, countKey) {
+  if (before && now[countKey] > before[countKey]) {
+    return (now[sumKey] - before[sumKey]) / (now[countKey] - before[countKey]);
+  }
+  return now[countKey] > 0 ? now[sumKey] / now[countKey] : null;
+}
+
+function why(modelId) {
+  const plan = plans && plans[modelId];
+  if (!plan) return "";
+  const reasons = plan.reasons || [];
+  const chosen = (plan.candidates || []).find((c) => c.status === "chosen");
+  const rule = plan.rule || (chosen && chosen.rule);
+  return [rule ? "rule " + rule : null, ...reasons].filter(Boolean).join("; ");
+}
+
+// One row per top-level part of the snapshot; nested values shown as "key: value" pairs.
+function flat(value) {
+  if (value === null || value === undefined) return "unknown";
+  if (Array.isArray(value)) return value.length ? value.map(flat).join(", ") : "none";
+  if (typeof value === "object") {
+    return Object.entries(value).map(([k, v]) => k + ": " + (k.endsWith("_bytes") && typeof v === "number" ? (v / 2 ** 30).toFixed(1) + " GiB" : flat(v))).join(" · ");
+  }
+  return String(value);
+}
+
+function renderHardware(hardware) {
+  $("hardware-json").textContent = JSON.stringify(hardware, null, 2);
+  const rows = Object.entries(hardware || {}).map(([key, value]) => {
+    const tr = document.createElement("tr");
+    const th = document.createElement("th");
+    th.textContent = key;
+    const td = document.createElement("td");
+    td.textContent = flat(value);
+    tr.append(th, td);
+    return tr;
+  });
+  $("hardware").replaceChildren(...rows);
+}
+
+function renderModels(stats, ready) {
+  const rows = [];
+  for (const [id, m] of Object.entries(stats.models)) {
+    const isReady = ready.models && ready.models[id] ? ready.models[id].ready : m.ready;
+    const tr = document.createElement("tr");
+    tr.dataset.model = id;
+    const cells = [id, m.engine, isReady ? "ready" : "not ready", `${m.running} / ${m.slots}`, `${m.waiting} / ${m.max_queue}`, why(id)];
+    cells.forEach((text, i) => {
+      const td = document.createElement("td");
+      td.textContent = text;
+      if (i === 2) { td.className = isReady ? "ready" : "not_ready"; td.dataset.field = "ready"; }
+      tr.appendChild(td);
+    });
+    rows.push(tr);
+  }
+  $("models").replaceChildren(...rows);
+}
+
+async function tick() {
+  try {
+    if (plans === null) {
+      const plan = await getJSON("/v1/gateway/plan");
+      plans = plan.body.plans || {};
+      renderHardware(plan.body.hardware);
+    }
+    const [ready, stats] = await Promise.all([getJSON("/ready"), getJSON("/v1/gateway/stats")]);
+    $("overall").textContent = ready.body.status === "ready" ? "ready" : "not ready";
+    $("overall").className = "badge " + ready.body.status;
+    renderModels(stats.body, ready.body);
+    const now = totals(stats.body);
+    if (previous) {
+      const dt = now.time - previous.time;
+      $("rps").textContent = fmt((now.requests - previous.requests) / dt, 2);
+      $("tps").textContent = fmt((now.completion - previous.completion) / dt, 1);
+    }
+    const ttft = mean(now, previous, "ttftSum", "ttftCount");
+    const tpot = mean(now, previous, "tpotSum", "tpotCount");
+    const overhead = mean(now, previous, "overheadSum", "overheadCount");
+    $("ttft").textContent = ttft === null ? "-" : fmt(ttft * 1000, 1);
+    $("tpot").textContent = tpot === null ? "-" : fmt(tpot * 1000, 1);
+    $("overhead").textContent = overhead === null ? "-" : fmt(overhead * 1000, 3);
+    $("total-requests").textContent = String(now.requests);
+    $("total-tokens").textContent = String(now.completion);
+    $("error").textContent = "";
+    previous = now;
+  } catch (err) {
+    $("error").textContent = String(err.message || err);
+  }
+}
+
+$("interval").textContent = String(INTERVAL_MS / 1000);
+$("keyform").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem("enginegate-key", $("key").value);
+  $("keyform").hidden = true;
+  plans = null;
+  tick();
+});
+tick();
+setInterval(tick, INTERVAL_MS);
