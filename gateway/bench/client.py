@@ -74,6 +74,7 @@ class RequestResult:
     token_source: TokenSource = "usage"
     max_tokens: int = 0
     streamed: bool = True
+    retried: bool = False  # sent twice: the first try met a connection the server had closed
 
     @property
     def ok(self) -> bool:
@@ -204,31 +205,47 @@ async def _read_whole(response: aiohttp.ClientResponse, result: RequestResult, r
 
 async def send(session: aiohttp.ClientSession, target: Target, request: BenchRequest,
                counter: Counter | None = None) -> RequestResult:
-    """Never raises for a failed request: every outcome becomes a RequestResult."""
+    """Never raises for a failed request: every outcome becomes a RequestResult.
+
+    A request that fails before any response arrives, on a connection the server had already
+    closed (llama-server closes after a stream without saying so), is sent once more on a new
+    connection with a fresh clock, as HTTP clients do; `retried` records it.
+    """
     body = orjson.dumps(target.body(request))
     timeout = aiohttp.ClientTimeout(total=target.timeout_s, sock_read=target.read_timeout_s)
-    result = RequestResult(start=time.perf_counter(), max_tokens=request.max_tokens, streamed=target.stream)
-    try:
-        async with session.post(target.url, data=body, headers=target.headers(), timeout=timeout) as response:
-            if response.status >= 400:
-                text = await response.text(errors="replace")
-                result.error, result.detail = f"http_{response.status}", text[:200]
-            elif target.stream:
-                await _read_stream(response, result, request, counter)
-            else:
-                await _read_whole(response, result, request, counter)
-    except asyncio.TimeoutError:
-        result.error, result.detail = "timeout", f"no answer within {target.timeout_s}s (read {target.read_timeout_s}s)"
-    except aiohttp.ClientConnectorError as exc:
-        result.error, result.detail = "connect_error", str(exc)[:200]
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
-        result.error, result.detail = "disconnected", str(exc)[:200] or type(exc).__name__
-    except aiohttp.ClientError as exc:
-        result.error, result.detail = "client_error", f"{type(exc).__name__}: {exc}"[:200]
+    for attempt in (0, 1):
+        result = RequestResult(start=time.perf_counter(), max_tokens=request.max_tokens, streamed=target.stream,
+                               retried=attempt > 0)
+        responded = False
+        try:
+            async with session.post(target.url, data=body, headers=target.headers(), timeout=timeout) as response:
+                responded = True
+                if response.status >= 400:
+                    text = await response.text(errors="replace")
+                    result.error, result.detail = f"http_{response.status}", text[:200]
+                elif target.stream:
+                    await _read_stream(response, result, request, counter)
+                else:
+                    await _read_whole(response, result, request, counter)
+        except asyncio.TimeoutError:
+            result.error = "timeout"
+            result.detail = f"no answer within {target.timeout_s}s (read {target.read_timeout_s}s)"
+        except aiohttp.ClientConnectorError as exc:
+            result.error, result.detail = "connect_error", str(exc)[:200]
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+            if not responded and attempt == 0:
+                continue
+            result.error, result.detail = "disconnected", str(exc)[:200] or type(exc).__name__
+        except aiohttp.ClientError as exc:
+            result.error, result.detail = "client_error", f"{type(exc).__name__}: {exc}"[:200]
+        break
     result.end = time.perf_counter()
     return result
 
 
 def make_session(connections: int) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=0, ttl_dns_cache=300)  # 0: unlimited
+    """A connection pool (`connections` 0: unlimited). Idle connections are dropped after 2 s, before
+    servers drop theirs (llama-server and uvicorn after 5 s): a POST sent on a connection the server
+    just closed fails without a retry, and would be counted as the endpoint's error."""
+    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=2.0)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))

@@ -77,8 +77,9 @@ def render(result: BenchResult) -> str:
     ]
     if result.ceiling is not None:
         c = result.ceiling
-        lines.append(f"- bench ceiling (trivial endpoint, c={c.concurrency}): {c.request_rate:,.0f} req/s, "
-                     f"{c.event_rate:,.0f} events/s, client at {c.client_cpu_fraction:.0%} of a core")
+        lines.append(f"- bench ceiling (an endpoint that answers at once, same answer length, c={c.concurrency}): "
+                     f"{c.request_rate:,.0f} req/s, {c.event_rate:,.0f} events/s, client at "
+                     f"{c.client_cpu_fraction:.0%} of a core")
     lines.append(f"- wall time: {result.wall_s:.1f} s")
     multi = len(plan.targets) > 1
     head = (["endpoint"] if multi else []) + ["level"]

@@ -8,8 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import aiohttp
-
 from gateway.bench.ceiling import Ceiling, bound_warnings, measure_ceiling
 from gateway.bench.client import Counter, RequestResult, Target, make_session
 from gateway.bench.load import Budget, Level, run_level
@@ -70,12 +68,13 @@ def _connections(plan: BenchPlan) -> int:
     return max([*values, plan.max_concurrency or 1, 1])
 
 
-async def _warm_up(session: aiohttp.ClientSession, plan: BenchPlan, target: Target, counter: Counter | None) -> None:
+async def _warm_up(plan: BenchPlan, target: Target, counter: Counter | None) -> None:
     if plan.warmup <= 0:
         return
     level = Level("concurrency", min(plan.warmup, max(1, _connections(plan) or plan.warmup)))
-    run = await run_level(session, target, plan.source, level, Budget(requests=plan.warmup),
-                          seed=plan.seed + 999_983, counter=counter)
+    async with make_session(_connections(plan)) as session:
+        run = await run_level(session, target, plan.source, level, Budget(requests=plan.warmup),
+                              seed=plan.seed + 999_983, counter=counter)
     failed = [r for r in run.results if not r.ok]
     if len(failed) == len(run.results):
         first = failed[0]
@@ -92,37 +91,38 @@ async def run_bench(plan: BenchPlan, counter: Counter | None = None,
     t0 = time.perf_counter()
     ceiling = None
     if plan.ceiling:
-        ceiling = await measure_ceiling(max(1, min(64, _connections(plan) or 64)))
+        # the same answer length as the workload, so that the per-request cost compares like with like
+        ceiling = await measure_ceiling(max(1, min(64, _connections(plan) or 64)), tokens=plan.source.output_len.mean)
     result = BenchResult(plan, {t.name: [] for t in plan.targets}, ceiling)
     if ceiling is not None and not ceiling.client_bound:
         result.warnings.append(
             f"the ceiling run kept the client only {ceiling.client_cpu_fraction:.0%} busy: "
             "the trivial endpoint shared the machine, so the client's true ceiling is higher")
-    async with make_session(_connections(plan)) as session:
-        for target in plan.targets:
-            await _warm_up(session, plan, target, counter)
-        for i, level in enumerate(plan.levels):
-            # Alternate the order level by level so that drift in the machine hits every target alike.
-            order = plan.targets if i % 2 == 0 else list(reversed(plan.targets))
-            for target in order:
-                budget = plan.budget(level)
-                bar = progress(f"{target.name} {level.label}", budget.requests) if progress else None
-                failures = 0
+    for target in plan.targets:
+        await _warm_up(plan, target, counter)
+    for i, level in enumerate(plan.levels):
+        # Alternate the order level by level so that drift in the machine hits every target alike.
+        order = plan.targets if i % 2 == 0 else list(reversed(plan.targets))
+        for target in order:
+            budget = plan.budget(level)
+            bar = progress(f"{target.name} {level.label}", budget.requests) if progress else None
+            failures = 0
 
-                def done(r: RequestResult, bar: Progress | None = bar) -> None:
-                    nonlocal failures
-                    failures += not r.ok
-                    if bar is not None:
-                        bar.update(1)
-                        if failures:
-                            bar.set_postfix_str(f"errors={failures}")
+            def done(r: RequestResult, bar: Progress | None = bar) -> None:
+                nonlocal failures
+                failures += not r.ok
+                if bar is not None:
+                    bar.update(1)
+                    if failures:
+                        bar.set_postfix_str(f"errors={failures}")
 
+            async with make_session(_connections(plan)) as session:
                 run = await run_level(session, target, plan.source, level, budget, seed=plan.seed + i,
                                       counter=counter, on_done=done, max_concurrency=plan.max_concurrency)
-                if bar is not None:
-                    bar.close()
-                stats = summarize(level.label, run.results, run.duration_s, plan.slo, run.client_cpu_s)
-                result.levels[target.name].append(stats)
-                result.warnings.extend(f"{target.name} {w}" for w in bound_warnings(stats, ceiling))
+            if bar is not None:
+                bar.close()
+            stats = summarize(level.label, run.results, run.duration_s, plan.slo, run.client_cpu_s)
+            result.levels[target.name].append(stats)
+            result.warnings.extend(f"{target.name} {w}" for w in bound_warnings(stats, ceiling))
     result.wall_s = time.perf_counter() - t0
     return result

@@ -82,6 +82,7 @@ class LevelStats:
     length_held: str
     client_cpu_fraction: float
     content_event_rate: float
+    retried: int = 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -112,6 +113,9 @@ def summarize(label: str, results: Sequence[RequestResult], duration_s: float, s
         notes.append("not streamed: TTFT equals end-to-end latency")
     if any(r.ok and r.ttft is None for r in results):
         notes.append(f"{sum(1 for r in ok if r.ttft is None)} successful requests returned no content")
+    if retried := sum(r.retried for r in results):
+        notes.append(f"{label}: {retried} requests resent once on a new connection (the server had closed the "
+                     "pooled one before answering); their clocks start at the resend")
     return LevelStats(
         label=label,
         sent=len(results),
@@ -134,5 +138,6 @@ def summarize(label: str, results: Sequence[RequestResult], duration_s: float, s
         length_held=_length_held(ok),
         client_cpu_fraction=client_cpu_s / duration_s,
         content_event_rate=sum(len(r.content_times) for r in results) / duration_s,
+        retried=sum(r.retried for r in results),
         notes=notes,
     )

@@ -47,6 +47,10 @@ class Length:
             return rng.randint(self.a, self.b)
         return max(1, round(rng.gauss(self.a, self.b)))
 
+    @property
+    def mean(self) -> int:
+        return self.a if self.kind != "uniform" else (self.a + self.b) // 2
+
     def __str__(self) -> str:
         return {"fixed": f"{self.a}", "uniform": f"{self.a}-{self.b}", "normal": f"{self.a}:{self.b}"}[self.kind]
 

@@ -54,6 +54,8 @@ class Config:
     metrics: bool
     embedding_dim: int
     no_usage: bool
+    close_after_stream: bool
+    models_503_while_loading: bool
 
 
 class BadRequest(Exception):
@@ -194,7 +196,9 @@ class Emulator:
     async def gate(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         path = request.path
         loading = not self.ready.is_set()
-        if loading and self.style.loading == "503" and path not in ("/v1/models", "/models"):
+        if loading and self.style.loading == "503" and (
+            self.cfg.models_503_while_loading or path not in ("/v1/models", "/models")
+        ):
             return self.error(503, "Loading model")
         if loading and self.style.loading == "warmup" and path in ("/health", "/health_generate", "/ready"):
             return web.Response(status=503)
@@ -478,6 +482,8 @@ class Emulator:
         await response.write(b"data: [DONE]" + style.separator)
         await response.write_eof()
         self.record(plan, start, first, end, n)
+        if cfg.close_after_stream and request.transport is not None:
+            request.transport.close()
         return response
 
 
@@ -505,6 +511,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--metrics", action="store_true", help="llamacpp: enable /metrics (other styles always)")
     p.add_argument("--embedding-dim", type=int, default=8)
     p.add_argument("--no-usage", action="store_true", help="never send usage (as some proxies and old servers)")
+    p.add_argument("--models-503-while-loading", action="store_true",
+                   help="llamacpp: /v1/models answers 503 while loading too (seen on llama-server b1-0c1e570)")
+    p.add_argument("--close-after-stream", action="store_true",
+                   help="close the connection after each stream without saying so (as llama-server was seen to)")
     a = p.parse_args(argv)
     if not 0.0 <= a.error_rate <= 1.0:
         p.error("--error-rate must be within [0, 1]")
@@ -519,7 +529,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     return Config(a.style, a.host, port, a.model, a.tokens, a.max_model_len, a.api_key, a.startup_delay,
                   a.ttft_ms / 1000.0, a.itl_ms / 1000.0, a.crash_after_tokens, a.stall_after_tokens,
                   a.malformed_after_tokens, a.error_after_tokens, a.error_rate, a.seed, a.fail_status,
-                  a.parallel, a.metrics, a.embedding_dim, a.no_usage)
+                  a.parallel, a.metrics, a.embedding_dim, a.no_usage,
+                  a.close_after_stream, a.models_503_while_loading)
 
 
 def announce(message: str) -> None:

@@ -342,3 +342,10 @@ def test_ttft_and_itl_are_applied() -> None:
         assert len(stamps) == 4
         assert stamps[0] >= 0.3
         assert stamps[3] - stamps[0] >= 0.3 - 0.01  # three gaps of >= 100 ms (sleep never returns early)
+
+
+def test_llamacpp_real_build_answers_503_on_models_too() -> None:
+    with running_emulator("llamacpp", "--startup-delay", "30", "--models-503-while-loading", wait_ready=False) as emu:
+        wait_until(lambda: httpx.get(emu.url + "/health").status_code == 503)
+        r = httpx.get(emu.url + "/v1/models")
+        assert r.status_code == 503 and r.json()["error"]["message"] == "Loading model"

@@ -186,3 +186,13 @@ def test_cli_exit_codes() -> None:
     assert bad.returncode == 2 and "--concurrency" in bad.stderr
     bad = cli("--base-url", "http://127.0.0.1:9", "--model", "m", "--input-tokens", "abc")
     assert bad.returncode == 2 and "bad token length" in bad.stderr
+
+
+async def test_a_connection_closed_after_each_stream_is_not_the_endpoints_error() -> None:
+    # llama-server closed its connection after every stream while advertising keep-alive: the next request
+    # on the pooled connection failed at once. The bench resends such a request once on a new connection.
+    with running_emulator("llamacpp", "--close-after-stream") as emu:
+        level_run = await run(emu, Level("concurrency", 1), Budget(requests=10), source(5, 3))
+    stats = summarize("c=1", level_run.results, level_run.duration_s, SLO())
+    assert stats.ok == 10 and stats.errors == {}
+    assert stats.retried >= 1 and any("resent once" in n for n in stats.notes)

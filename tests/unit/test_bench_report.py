@@ -56,3 +56,10 @@ def test_warnings_when_the_client_is_busy_or_near_its_ceiling() -> None:
     assert bound_warnings(near, ceiling) == []
     fast = dataclasses.replace(near, request_rate=6.0)
     assert any("60% of the bench's own ceiling" in w for w in bound_warnings(fast, ceiling))
+
+
+def test_package_exports_resolve() -> None:
+    import gateway.bench as bench
+
+    assert all(getattr(bench, name, None) is not None for name in bench.__all__)
+    assert sorted(bench.__all__) == sorted(set(bench.__all__))
