@@ -149,6 +149,8 @@ class Adapter(abc.ABC):
 
     engine: ClassVar[str]
     capabilities: ClassVar[Capabilities] = Capabilities()
+    container_image: ClassVar[str | None] = None
+    """The engine's official container image, for deploy/ (None: the engine runs in the gateway's own)."""
 
     @abc.abstractmethod
     async def start(self) -> None: ...

@@ -15,6 +15,14 @@ from adapters.base import Adapter
 
 _BUILTIN: dict[str, str] = {
     "llamacpp": "adapters.llamacpp:LlamaCppAdapter",
+    "mlx": "adapters.mlx:MLXAdapter",
+    "mlx_server": "adapters.mlx_server:MLXServerAdapter",
+    "exllamav2": "adapters.exllama:ExLlamaV2Adapter",
+    "exllamav3": "adapters.exllama:TabbyAdapter",
+    "vllm": "adapters.vllm:VllmAdapter",
+    "sglang": "adapters.sglang:SGLangAdapter",
+    "tensorrt_llm": "adapters.tensorrt_llm:TensorRTLLMAdapter",
+    "dynamo": "adapters.dynamo:DynamoAdapter",
     "llama_server": "adapters.llama_server:LlamaServerAdapter",
     "openai": "adapters.external:ExternalAdapter",
     "external": "adapters.external:ExternalAdapter",

@@ -1,0 +1,188 @@
+"""NVIDIA Dynamo: its OpenAI frontend plus one engine worker, both supervised (engine name `dynamo`).
+
+    python -m dynamo.frontend --http-host H --http-port P      (the port the gateway relays to)
+    python -m dynamo.<worker> ...                                vllm | sglang | trtllm | mocker
+
+The worker registers the model with the frontend through a discovery backend. By default both
+use the file backend (`--discovery-backend file`, `DYN_FILE_KV` = a directory this adapter
+owns) with the TCP request plane and ZMQ event plane, so one host needs no etcd or NATS; set
+`options.discovery_backend: etcd` (and run etcd + NATS) for a cluster. The frontend's `/health`
+says healthy with no worker at all, so readiness is: the served model id appears in
+`/v1/models` (before that, chat is a bare 404). The worker has no port of its own to probe:
+it counts as up while it runs, and the frontend's readiness covers the rest.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import orjson
+
+from adapters.base import Capabilities, EngineError
+from adapters.engine_server import EngineServer
+from adapters.launch import LaunchOptions, flag, flag_if_not_default
+from adapters.openai_http import UpstreamConnectionError
+from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError
+from gateway.config import ModelConfig
+
+WORKERS = ("vllm", "sglang", "trtllm", "mocker")
+METRICS: Mapping[str, str] = {
+    "requests_running": "dynamo_frontend_inflight_requests",
+    "requests_waiting": "dynamo_frontend_queued_requests",
+    # a histogram of prompt lengths: its _sum is the prompt-token total (seen on the 1.6.1 frontend)
+    "prompt_tokens_total": "dynamo_frontend_input_sequence_tokens_sum",
+    "generation_tokens_total": "dynamo_frontend_output_tokens_total",
+    "ttft_seconds_sum": "dynamo_frontend_time_to_first_token_seconds_sum",
+    "ttft_seconds_count": "dynamo_frontend_time_to_first_token_seconds_count",
+}
+
+
+def plane_args(discovery: str) -> list[str]:
+    if discovery == "file":
+        return ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
+    return ["--discovery-backend", discovery]
+
+
+def frontend_argv(opts: LaunchOptions, endpoint: Endpoint, discovery: str, router_mode: str | None) -> list[str]:
+    argv = opts.python_module("dynamo.frontend")
+    argv += ["--http-host", endpoint.host, "--http-port", str(endpoint.port)]
+    flag(argv, "--router-mode", router_mode)
+    return argv + plane_args(discovery)
+
+
+def worker_argv(worker: str, model_path: str, served: str, opts: LaunchOptions, discovery: str,
+                program: list[str] | None = None) -> list[str]:
+    """`program` replaces `python -m dynamo.<worker>` (options.worker_executable)."""
+    argv = list(program) if program else [opts.python, "-m", f"dynamo.{worker}"]
+    if worker == "mocker":
+        argv += ["--model-path", model_path, "--model-name", served]
+    elif worker == "vllm":  # vLLM's own engine arguments
+        argv += ["--model", model_path, "--served-model-name", served]
+        flag_if_not_default(argv, "--tensor-parallel-size", opts.tensor_parallel)
+        flag_if_not_default(argv, "--pipeline-parallel-size", opts.pipeline_parallel)
+        flag(argv, "--max-model-len", opts.context_length)
+        flag(argv, "--gpu-memory-utilization", opts.gpu_memory_fraction)
+        flag(argv, "--quantization", opts.quantization)
+        flag(argv, "--kv-cache-dtype", opts.kv_cache_dtype)
+    elif worker == "sglang":  # SGLang's server arguments
+        argv += ["--model-path", model_path, "--served-model-name", served]
+        flag_if_not_default(argv, "--tp-size", opts.tensor_parallel)
+        flag_if_not_default(argv, "--pp-size", opts.pipeline_parallel)
+        if opts.nodes > 1:
+            argv += ["--nnodes", str(opts.nodes), "--node-rank", str(opts.node_rank),
+                     "--dist-init-addr", str(opts.master_addr)]
+        flag(argv, "--context-length", opts.context_length)
+        flag(argv, "--mem-fraction-static", opts.gpu_memory_fraction)
+        flag(argv, "--quantization", opts.quantization)
+        flag(argv, "--kv-cache-dtype", opts.kv_cache_dtype)
+    elif worker == "trtllm":  # dynamo.trtllm's own flags (1.6.1: --model; --model-path is obsolete)
+        argv += ["--model", model_path, "--served-model-name", served]
+        flag_if_not_default(argv, "--tensor-parallel-size", opts.tensor_parallel)
+        flag_if_not_default(argv, "--pipeline-parallel-size", opts.pipeline_parallel)
+        flag(argv, "--max-seq-len", opts.context_length)
+        flag(argv, "--free-gpu-memory-fraction", opts.gpu_memory_fraction)
+    else:
+        raise ValueError(f"options.worker must be one of {', '.join(WORKERS)}, got {worker!r}")
+    return argv + plane_args(discovery)
+
+
+class DynamoAdapter(EngineServer):
+    engine = "dynamo"
+    capabilities = Capabilities(
+        chat=True, completions=True, embeddings=False, tools=True, structured_output=True,
+    )
+    container_image = "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1"
+    images: ClassVar[Mapping[str, str]] = {
+        "vllm": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1",
+        "sglang": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.6.1",
+        "trtllm": "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1",
+    }
+    install_hint = ("pip install 'ai-dynamo[vllm]'  (or [sglang], [trtllm]); on a host where that fails: "
+                    "pip install ai-dynamo-runtime && pip install --no-deps ai-dynamo")
+    python_module = "dynamo.frontend"
+    metrics_map: ClassVar[Mapping[str, str]] = METRICS
+    uses_api_key = False
+    default_startup_timeout = 900.0
+
+    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
+        super().__init__(model, options)
+        self.worker = str(self.options.get("worker", "vllm"))
+        self.discovery = str(self.options.get("discovery_backend", "file"))
+        self.router_mode = self.options.get("router_mode")
+        self.container_image = self.images.get(self.worker, self.container_image)  # type: ignore[misc]
+        self._kv_dir: Path | None = None
+        program = self.options.get("worker_executable")
+        self.worker_program = shlex.split(program) if isinstance(program, str) else list(program or [])
+        self.worker_process = self._new_process(self.launch_worker, role="worker")
+
+    def _env(self) -> dict[str, str]:
+        if self.discovery != "file":
+            return {}
+        if self._kv_dir is None:
+            self._kv_dir = Path(tempfile.mkdtemp(prefix="enginegate-dynamo-"))
+        return {"DYN_FILE_KV": str(self._kv_dir)}
+
+    def command(self, endpoint: Endpoint) -> Launch:
+        return Launch(frontend_argv(self.launch_options, endpoint, self.discovery, self.router_mode), self._env())
+
+    def launch_worker(self, endpoint: Endpoint) -> Launch:
+        argv = worker_argv(self.worker, self.model_path, self.served, self.launch_options, self.discovery,
+                           self.worker_program)
+        return Launch(argv + list(self.options.get("worker_args", [])), {**self._env(), **self.launch_options.env})
+
+    async def ready(self, process: ManagedProcess, endpoint: Endpoint) -> bool:
+        """Ready when the frontend lists the served model, i.e. a worker registered it.
+
+        The worker has no port to probe: it counts as up while it runs."""
+        if process is getattr(self, "worker_process", None):
+            return True
+        if self.worker_process.state.value == "failed":
+            raise ProcessError(f"the dynamo.{self.worker} worker failed: {self.worker_process.detail}")
+        try:
+            status, raw = await self.relay.get(self._upstream_for(endpoint), "/v1/models", timeout=5.0)
+        except (UpstreamConnectionError, OSError, TimeoutError):
+            return False
+        if status != 200:
+            return False
+        try:
+            data = orjson.loads(raw).get("data") or []
+        except (orjson.JSONDecodeError, AttributeError):
+            return False
+        return any(isinstance(m, dict) and m.get("id") == self.served for m in data)
+
+    def check(self) -> None:
+        super().check()
+        if self.worker not in WORKERS:
+            raise EngineError(f"options.worker must be one of {', '.join(WORKERS)}, got {self.worker!r}", 503,
+                              "invalid_engine_options")
+
+    async def start(self) -> None:
+        self.check()
+        try:
+            await self.worker_process.start()
+        except ProcessError as exc:
+            raise EngineError(str(exc), 503, "engine_start_failed") from exc
+        try:
+            await super().start()
+        except BaseException:
+            await self.worker_process.stop()
+            raise
+
+    async def stop(self) -> None:
+        try:
+            await super().stop()
+        finally:
+            await self.worker_process.stop()
+            if self._kv_dir is not None:
+                shutil.rmtree(self._kv_dir, ignore_errors=True)
+                self._kv_dir = None
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["worker"] = {"kind": self.worker, "state": self.worker_process.state.value, "pid": self.worker_process.pid}
+        return info

