@@ -6,7 +6,9 @@ STAMP := $(VENV)/.enginegate-setup
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test clean
+LLAMA_SERVER_STAMP := $(VENV)/.llama-server
+
+.PHONY: setup serve test clean llama-server
 
 setup: $(STAMP)
 
@@ -17,7 +19,14 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh scripts/llamacpp_cmake_args.py
 serve: setup
 	$(VENV)/bin/enginegate serve $(ARGS)
 
-test: setup
+# llama.cpp's server, built once from the sources in the llama-cpp-python sdist (the tests run it for real).
+llama-server: $(LLAMA_SERVER_STAMP)
+
+$(LLAMA_SERVER_STAMP): $(STAMP)
+	$(VENV)/bin/enginegate engines install llama-server
+	touch $(LLAMA_SERVER_STAMP)
+
+test: setup llama-server
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway.api import chat, completions, embeddings, health, models, observe, status
+from gateway.api import chat, completions, embeddings, engines, health, models, observe, status
 from gateway.api.errors import install_error_handlers
 from gateway.config import Settings
 from gateway.metrics import GatewayMetrics, MetricsMiddleware
@@ -37,7 +37,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.metrics = GatewayMetrics()
     app.state.settings = settings
     install_error_handlers(app)
-    for module in (chat, completions, embeddings, models, health, observe, status):
+    for module in (chat, completions, embeddings, models, health, observe, status, engines):
         app.include_router(module.router)
     # Outermost first at request time: metrics see every request, auth before the body is read.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)

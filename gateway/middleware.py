@@ -22,15 +22,18 @@ async def _send_error(send: Send, status: int, message: str, code: str, headers:
     await send({"type": "http.response.body", "body": body})
 
 
+PROTECTED_PREFIXES = ("/v1/", "/admin/")
+
+
 class APIKeyMiddleware:
-    """Requires `Authorization: Bearer <key>` on /v1 routes when keys are configured."""
+    """Requires `Authorization: Bearer <key>` on /v1 and /admin routes when keys are configured."""
 
     def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
         self.app = app
         self.keys = tuple(k.encode() for k in keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or not self.keys or not scope["path"].startswith(PROTECTED_PREFIXES):
             await self.app(scope, receive, send)
             return
         token = b""
