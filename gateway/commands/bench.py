@@ -59,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     out.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="skip measuring the bench's own ceiling")
     out.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
-    p.add_argument("--read-timeout", type=float, default=60.0, help="seconds without a byte (default 60)")
+    p.add_argument("--read-timeout", type=float, default=None,
+                   help="seconds without a byte before a request counts as a timeout (default: no such limit)")
     p.set_defaults(func=run)
 
 
@@ -92,7 +93,8 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
     if args.rate:
         levels += [Level("rate", v) for v in _floats(args.rate, "--rate")]
     for flag, value in (("--requests", args.requests), ("--duration", args.duration),
-                        ("--max-concurrency", args.max_concurrency)):
+                        ("--max-concurrency", args.max_concurrency), ("--timeout", args.timeout),
+                        ("--read-timeout", args.read_timeout)):
         if value is not None and value <= 0:
             raise ValueError(f"{flag} must be positive")
     if args.warmup < 0:
