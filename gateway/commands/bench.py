@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import sys
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     budget.add_argument("--requests", type=int, help="requests per level (default max(16, 4 x c) or max(16, 10 s x rate))")
     budget.add_argument("--duration", type=float, help="seconds per level instead of a request count")
     load.add_argument("--warmup", type=int, default=2, help="warm-up requests per endpoint, not counted (default 2)")
-    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--seed", type=int, default=None,
+                      help="prompts and arrivals (default: a new one per run, printed; prompt caches stay cold)")
     work = p.add_argument_group("prompts")
     work.add_argument("--input-tokens", default="128", help="N, LO-HI (uniform) or MEAN:STD (normal); default 128")
     work.add_argument("--output-tokens", default="64", help="same forms; default 64")
@@ -110,7 +112,8 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
         targets.append(Target(args.compare_name or "compare", args.compare,
                               args.compare_model or args.model or _first_model(args.compare, key), key, **common))
     slo = SLO(*(None if v is None else v / 1000.0 for v in (args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms)))
-    return BenchPlan(targets, levels, source, slo, args.requests, args.duration, args.warmup, args.seed,
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    return BenchPlan(targets, levels, source, slo, args.requests, args.duration, args.warmup, seed,
                      args.max_concurrency, args.ceiling)
 
 
