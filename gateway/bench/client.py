@@ -34,7 +34,7 @@ class Target:
     stream: bool = True
     hold_length: bool = True
     timeout_s: float = 300.0
-    read_timeout_s: float = 60.0
+    read_timeout_s: float | None = None  # None: only the total; a queued request may say nothing for long
 
     @property
     def url(self) -> str:
@@ -229,7 +229,8 @@ async def send(session: aiohttp.ClientSession, target: Target, request: BenchReq
                     await _read_whole(response, result, request, counter)
         except asyncio.TimeoutError:
             result.error = "timeout"
-            result.detail = f"no answer within {target.timeout_s}s (read {target.read_timeout_s}s)"
+            limit = f", or {target.read_timeout_s}s without a byte" if target.read_timeout_s else ""
+            result.detail = f"no complete answer within {target.timeout_s}s{limit}"
         except aiohttp.ClientConnectorError as exc:
             result.error, result.detail = "connect_error", str(exc)[:200]
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:

@@ -73,7 +73,7 @@ class _Issuer:
 async def run_level(session: aiohttp.ClientSession, target: Target, source: PromptSource, level: Level,
                     budget: Budget, seed: int, counter: Counter | None = None, on_done: OnDone | None = None,
                     max_concurrency: int | None = None) -> LevelRun:
-    rng = random.Random(seed)  # the same seed gives the same prompts and arrival times to every target
+    rng = random.Random(seed)  # arrival times; prompts draw from seed and index, so a run repeats exactly
     results: list[RequestResult] = []
     cpu0, start = time.process_time(), time.perf_counter()
     issuer = _Issuer(budget, start)

@@ -36,8 +36,13 @@ def plot(result: BenchResult, path: Path) -> None:
         ax.set_title(title)
         ax.set_xlabel("output tokens/s")
         ax.set_ylabel("ms")
-        ax.grid(True, alpha=0.3)
-        ax.set_ylim(bottom=0)
+        ax.grid(True, which="both", alpha=0.3)
+        low, high = ax.get_ylim()
+        values = [v for line in ax.get_lines() for v in line.get_ydata() if v > 0]
+        if values and max(values) / min(values) > 30:
+            ax.set_yscale("log")  # a saturated level would flatten every other point
+        else:
+            ax.set_ylim(bottom=0, top=high)
         ax.legend(fontsize=8)
     fig.suptitle(f"enginegate bench: {result.plan.source.describe()}", fontsize=9)
     fig.savefig(path, dpi=110)

@@ -70,7 +70,8 @@ def render(result: BenchResult) -> str:
               else f"{plan.requests} requests per level" if plan.requests is not None
               else "max(16, 4 x concurrency) or max(16, 10 s x rate) requests per level")
     lines += [
-        f"- workload: {plan.source.describe()}; {budget}; {plan.warmup} warm-up requests per endpoint, not counted",
+        f"- workload: {plan.source.describe()}; {budget}; {plan.warmup} warm-up requests per endpoint, not counted;"
+        f" seed {plan.seed} (every level and endpoint gets its own prompts)",
         f"- output length held: {_length_held(result)}",
         f"- token counts: {_token_source(result)}",
         f"- SLO for goodput: {plan.slo.describe()}",

@@ -61,6 +61,12 @@ class BenchResult:
     wall_s: float = 0.0
 
 
+def level_seed(seed: int, level: int, target: int) -> int:
+    """Each level and target draws its own prompts (same lengths, different words): a target that
+    shares an engine with another, or a second run, must not hit the engine's prompt cache."""
+    return seed * 1_000_003 + level * 1_009 + target
+
+
 def _connections(plan: BenchPlan) -> int:
     if any(level.kind == "rate" for level in plan.levels) and not plan.max_concurrency:
         return 0  # unlimited: open-loop arrivals must not queue inside the client
@@ -74,7 +80,7 @@ async def _warm_up(plan: BenchPlan, target: Target, counter: Counter | None) -> 
     level = Level("concurrency", min(plan.warmup, max(1, _connections(plan) or plan.warmup)))
     async with make_session(_connections(plan)) as session:
         run = await run_level(session, target, plan.source, level, Budget(requests=plan.warmup),
-                              seed=plan.seed + 999_983, counter=counter)
+                              seed=level_seed(plan.seed, 999, plan.targets.index(target)), counter=counter)
     failed = [r for r in run.results if not r.ok]
     if len(failed) == len(run.results):
         first = failed[0]
@@ -104,6 +110,7 @@ async def run_bench(plan: BenchPlan, counter: Counter | None = None,
         # Alternate the order level by level so that drift in the machine hits every target alike.
         order = plan.targets if i % 2 == 0 else list(reversed(plan.targets))
         for target in order:
+            seed = level_seed(plan.seed, i, plan.targets.index(target))
             budget = plan.budget(level)
             bar = progress(f"{target.name} {level.label}", budget.requests) if progress else None
             failures = 0
@@ -117,7 +124,7 @@ async def run_bench(plan: BenchPlan, counter: Counter | None = None,
                         bar.set_postfix_str(f"errors={failures}")
 
             async with make_session(_connections(plan)) as session:
-                run = await run_level(session, target, plan.source, level, budget, seed=plan.seed + i,
+                run = await run_level(session, target, plan.source, level, budget, seed=seed,
                                       counter=counter, on_done=done, max_concurrency=plan.max_concurrency)
             if bar is not None:
                 bar.close()

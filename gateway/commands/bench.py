@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import sys
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     budget.add_argument("--requests", type=int, help="requests per level (default max(16, 4 x c) or max(16, 10 s x rate))")
     budget.add_argument("--duration", type=float, help="seconds per level instead of a request count")
     load.add_argument("--warmup", type=int, default=2, help="warm-up requests per endpoint, not counted (default 2)")
-    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--seed", type=int, default=None,
+                      help="prompts and arrivals (default: a new one per run, printed; prompt caches stay cold)")
     work = p.add_argument_group("prompts")
     work.add_argument("--input-tokens", default="128", help="N, LO-HI (uniform) or MEAN:STD (normal); default 128")
     work.add_argument("--output-tokens", default="64", help="same forms; default 64")
@@ -59,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     out.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="skip measuring the bench's own ceiling")
     out.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
-    p.add_argument("--read-timeout", type=float, default=60.0, help="seconds without a byte (default 60)")
+    p.add_argument("--read-timeout", type=float, default=None,
+                   help="seconds without a byte before a request counts as a timeout (default: no such limit)")
     p.set_defaults(func=run)
 
 
@@ -92,7 +95,8 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
     if args.rate:
         levels += [Level("rate", v) for v in _floats(args.rate, "--rate")]
     for flag, value in (("--requests", args.requests), ("--duration", args.duration),
-                        ("--max-concurrency", args.max_concurrency)):
+                        ("--max-concurrency", args.max_concurrency), ("--timeout", args.timeout),
+                        ("--read-timeout", args.read_timeout)):
         if value is not None and value <= 0:
             raise ValueError(f"{flag} must be positive")
     if args.warmup < 0:
@@ -108,7 +112,8 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
         targets.append(Target(args.compare_name or "compare", args.compare,
                               args.compare_model or args.model or _first_model(args.compare, key), key, **common))
     slo = SLO(*(None if v is None else v / 1000.0 for v in (args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms)))
-    return BenchPlan(targets, levels, source, slo, args.requests, args.duration, args.warmup, args.seed,
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    return BenchPlan(targets, levels, source, slo, args.requests, args.duration, args.warmup, seed,
                      args.max_concurrency, args.ceiling)
 
 

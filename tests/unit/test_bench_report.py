@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import sys
+
+import pytest
 
 from gateway.bench.ceiling import Ceiling, bound_warnings
 from gateway.bench.client import RequestResult, Target
@@ -63,3 +67,23 @@ def test_package_exports_resolve() -> None:
 
     assert all(getattr(bench, name, None) is not None for name in bench.__all__)
     assert sorted(bench.__all__) == sorted(set(bench.__all__))
+
+
+def test_progress_bar_draws_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("tqdm")
+    from gateway.commands.bench import _progress_factory
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    make = _progress_factory(True)
+    assert make is not None and _progress_factory(False) is None
+    bar = make("gateway c=4", 3)
+    for _ in range(3):
+        bar.update(1)
+    bar.set_postfix_str("errors=1")
+    bar.close()
+    assert "gateway c=4" in screen.getvalue() and "3/3" in screen.getvalue()

@@ -96,3 +96,15 @@ def test_table_is_markdown() -> None:
     text = table(["a", "bb"], [["1", "2"], ["333", "4"]])
     lines = text.splitlines()
     assert lines[0] == "| a   | bb |" and lines[1] == "|-----|----|" and lines[3] == "| 333 | 4  |"
+
+
+def test_each_level_and_target_draws_its_own_prompts() -> None:
+    from gateway.bench.runner import level_seed
+
+    seeds = {level_seed(7, level, target) for level in range(50) for target in range(2)}
+    assert len(seeds) == 100
+    source = PromptSource("chat", Length("fixed", 20), Length("fixed", 4))
+    a = source.make(random.Random(level_seed(7, 0, 0) * 1_000_003), 0)
+    b = source.make(random.Random(level_seed(7, 0, 1) * 1_000_003), 0)
+    assert a.body != b.body  # an engine shared by both targets must not see a prompt twice
+    assert len(a.body["messages"][0]["content"].split()) == len(b.body["messages"][0]["content"].split())
