@@ -149,6 +149,9 @@ class Adapter(abc.ABC):
 
     engine: ClassVar[str]
     capabilities: ClassVar[Capabilities] = Capabilities()
+    default_concurrency: ClassVar[int] = 1
+    """Requests the gateway lets through to the engine at once (more wait in its queue). Engines
+    that batch (servers) take many; an in-process model instance generates one at a time."""
     container_image: ClassVar[str | None] = None
     """The engine's official container image, for deploy/ (None: the engine runs in the gateway's own)."""
 

@@ -56,6 +56,7 @@ def _api_key(options: Mapping[str, Any]) -> str | None:
 
 
 class ExternalAdapter(Adapter):
+    default_concurrency = 64  # the engine batches and queues on its own
     engine: ClassVar[str] = "openai"
     local_weights: ClassVar[bool] = False  # nothing to resolve or plan: the model lives upstream
     capabilities: ClassVar[Capabilities] = Capabilities(

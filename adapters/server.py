@@ -75,6 +75,7 @@ def restart_policy_from(options: Mapping[str, Any]) -> RestartPolicy:
 
 
 class ServerAdapter(Adapter):
+    default_concurrency = 64  # the engine batches and queues on its own
     metrics_path: ClassVar[str | None] = "/metrics"
     metrics_map: ClassVar[Mapping[str, str]] = {}
     uses_api_key: ClassVar[bool] = True

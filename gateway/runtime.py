@@ -41,10 +41,11 @@ class Runtime:
                 continue
             resolved = modelsource.resolve(config.source)
             model_id = config.name or resolved.default_id
-            spec = planning.load_spec(Path(resolved.path))
-            plan = planning.plan(snapshot, spec, requested_engine=config.engine)
-            options = {**plan.options, **{k: v for k, v in _config_options(config).items() if v is not None}}
-            adapter_cls = registry.get(plan.engine)
+            plan = _plan(snapshot, Path(resolved.path), config.engine)
+            engine = plan.engine if plan is not None else config.engine
+            base = plan.options if plan is not None else {}
+            options = {**base, **{k: v for k, v in _config_options(config).items() if v is not None}}
+            adapter_cls = registry.get(engine)
             local = config.model_copy(update={"source": str(resolved.path), "name": model_id})
             adapter = adapter_cls(local, options)
             aliases = tuple(config.aliases) + ((resolved.path.stem,) if resolved.path.stem != model_id else ())
@@ -54,14 +55,15 @@ class Runtime:
                 Backend(
                     model_id=model_id,
                     adapter=adapter,
-                    admission=Admission(concurrency=int(options.get("parallel") or 1), max_queue=config.max_queue),
+                    admission=Admission(concurrency=_concurrency(adapter_cls, options), max_queue=config.max_queue),
                     plan=plan,
                     aliases=tuple(dict.fromkeys(a for a in aliases if a != model_id)),
                     created=int(time.time()),
                     info={"origin": resolved.origin, "path": str(resolved.path)},
                 )
             )
-            plans[model_id] = plan
+            if plan is not None:
+                plans[model_id] = plan
         return cls(settings=settings, models=models, snapshot=snapshot, plans=plans)
 
     async def start(self) -> None:
@@ -105,6 +107,32 @@ def _remote_backend(config: ModelConfig, first: bool) -> Backend:
         created=int(time.time()),
         info={"origin": "remote", "path": adapter.describe().get("base_url", "")},
     )
+
+
+class PlanningError(Exception):
+    """No engine can serve the model here; the message says why."""
+
+
+def _plan(snapshot: Any, path: Path, requested_engine: str) -> Any:
+    """The plan; None when the user named the engine and the model's files cannot be sized."""
+    try:
+        spec = planning.load_spec(path)
+    except planning.SpecError as exc:
+        if requested_engine == "auto":
+            raise PlanningError(f"cannot read the model to plan for it ({exc}); set the model's engine explicitly") from exc
+        log.warning("serving %s with %s unplanned: %s", path, requested_engine, exc)
+        return None
+    try:
+        return planning.plan(snapshot, spec, requested_engine=requested_engine)
+    except planning.NoEngineError as exc:
+        raise PlanningError(str(exc)) from exc
+
+
+def _concurrency(adapter_cls: type[Adapter], options: dict[str, Any]) -> int:
+    """llama.cpp's slots are exact; batching engines get at least their default (they queue themselves)."""
+    if options.get("parallel"):
+        return int(options["parallel"])
+    return max(int(options.get("max_concurrency") or 0), adapter_cls.default_concurrency)
 
 
 def _config_options(config: ModelConfig) -> dict[str, Any]:

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.config import load_settings
     from gateway.modelsource import ModelSourceError
-    from gateway.runtime import Runtime
+    from gateway.runtime import PlanningError, Runtime
 
     try:
         settings = load_settings(args.config, model=args.model, host=args.host, port=args.port, log_level=args.log_level)
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         runtime = Runtime.build(settings)
-    except (ModelSourceError, KeyError) as exc:
+    except (ModelSourceError, PlanningError, KeyError) as exc:
         print(f"enginegate: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
     app = create_app(settings, runtime)

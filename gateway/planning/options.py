@@ -46,52 +46,22 @@ def engine_options(engine: str, lay: Layout) -> dict[str, Any]:
         return opts
     if engine == "mlx":
         return {**base, "decode_concurrency": lay.concurrency}
+    # Server engines share one vocabulary (adapters/launch.py), turned into each engine's flags there.
+    server = {
+        **base,
+        "tensor_parallel": lay.tensor_parallel,
+        "pipeline_parallel": lay.pipeline_parallel,
+        "gpu_memory_fraction": lay.gpu_memory_fraction,
+        "max_concurrency": lay.concurrency,
+    }
     if engine in ("exllamav2", "exllamav3"):
-        return {
-            **base,
-            "max_seq_len": lay.context_length,
-            "cache_size": lay.context_length * lay.concurrency,
-            "cache_mode": _EXLLAMA_KV[lay.kv_dtype],
-            "tensor_parallel": lay.tensor_parallel > 1,
-            "gpu_split_auto": True,
-            "gpus": lay.gpus,
-        }
+        return {**server, "kv_cache_dtype": _EXLLAMA_KV[lay.kv_dtype].lower(), "gpus": lay.gpus}
     if engine == "vllm":
-        return {
-            **base,
-            "max_model_len": lay.context_length,
-            "tensor_parallel_size": lay.tensor_parallel,
-            "pipeline_parallel_size": lay.pipeline_parallel,
-            "gpu_memory_utilization": lay.gpu_memory_fraction,
-            "kv_cache_dtype": _SERVER_KV[lay.kv_dtype],
-            "max_num_seqs": lay.concurrency,
-            "enable_prefix_caching": lay.shared_prefix,
-        }
+        return {**server, "kv_cache_dtype": _SERVER_KV[lay.kv_dtype], "enable_prefix_caching": lay.shared_prefix}
     if engine == "sglang":
-        return {
-            **base,
-            "tp_size": lay.tensor_parallel,
-            "pp_size": lay.pipeline_parallel,
-            "mem_fraction_static": lay.gpu_memory_fraction,
-            "kv_cache_dtype": _SERVER_KV[lay.kv_dtype],
-            "max_running_requests": lay.concurrency,
-        }
+        return {**server, "kv_cache_dtype": _SERVER_KV[lay.kv_dtype]}
     if engine == "tensorrt_llm":
-        return {
-            **base,
-            "max_seq_len": lay.context_length,
-            "tp_size": lay.tensor_parallel,
-            "pp_size": lay.pipeline_parallel,
-            "max_batch_size": lay.concurrency,
-            "kv_cache_free_gpu_memory_fraction": lay.gpu_memory_fraction,
-        }
+        return server
     if engine == "dynamo":
-        return {
-            **base,
-            "worker": "vllm",
-            "router_mode": "kv" if lay.shared_prefix else "round-robin",
-            "tensor_parallel_size": lay.tensor_parallel,
-            "pipeline_parallel_size": lay.pipeline_parallel,
-            "max_model_len": lay.context_length,
-        }
+        return {**server, "worker": "vllm", "router_mode": "kv" if lay.shared_prefix else "round-robin"}
     raise KeyError(f"no options mapping for engine {engine!r}")

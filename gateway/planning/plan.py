@@ -240,7 +240,7 @@ def _explain(
 
 
 # Engines run in another mode of a planned engine: planned as that engine, served by this adapter.
-SERVED_AS: dict[str, str] = {"llama_server": "llamacpp"}
+SERVED_AS: dict[str, str] = {"llama_server": "llamacpp", "mlx_server": "mlx"}
 
 
 def plan(

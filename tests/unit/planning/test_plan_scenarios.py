@@ -75,7 +75,7 @@ CASES = [
         "rtx-3060",
         "llama-3-8b-exl2",
         engine="exllamav2",
-        options={"gpus": 1, "tensor_parallel": False},
+        options={"gpus": 1, "tensor_parallel": 1},
         rule="one-consumer-rtx",
     ),
     Case("one RTX 3060, EXL3 (cc 8.6)", "rtx-3060", "llama-3-8b-exl3", engine="exllamav3", rule="one-consumer-rtx"),
@@ -92,7 +92,7 @@ CASES = [
         "2x-rtx-4090",
         "llama-3-70b-exl3",
         engine="exllamav3",
-        options={"gpus": 2, "tensor_parallel": False},
+        options={"gpus": 2, "tensor_parallel": 1},
         rule="several-nvidia-gpus",
     ),
     Case(
@@ -101,7 +101,7 @@ CASES = [
         "llama-3-70b",
         Workload(concurrency=32),
         engine="vllm",
-        options={"tensor_parallel_size": 4, "pipeline_parallel_size": 1, "max_num_seqs": 32},
+        options={"tensor_parallel": 4, "pipeline_parallel": 1, "max_concurrency": 32},
     ),
     Case(
         "4x A100 over PCIe: pipeline parallel",
@@ -109,7 +109,7 @@ CASES = [
         "llama-3-70b",
         Workload(concurrency=32),
         engine="vllm",
-        options={"tensor_parallel_size": 1, "pipeline_parallel_size": 4},
+        options={"tensor_parallel": 1, "pipeline_parallel": 4},
     ),
     Case(
         "MoE, 128k context, 8x H100",
@@ -117,7 +117,7 @@ CASES = [
         "qwen3-30b-a3b",
         Workload(context_length=131072, concurrency=8),
         engine="sglang",
-        options={"context_length": 131072, "tp_size": 4, "pp_size": 1},
+        options={"context_length": 131072, "tensor_parallel": 4, "pipeline_parallel": 1},
         rule="long-context-moe-or-shared-prefixes",
     ),
     Case(
@@ -129,7 +129,7 @@ CASES = [
         "llama-3-8b",
         Workload(mode="production"),
         engine="vllm",
-        options={"tensor_parallel_size": 1},
+        options={"tensor_parallel": 1},
         rule="production",
     ),
     Case(
