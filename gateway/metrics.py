@@ -220,9 +220,11 @@ class GatewayMetrics:
             if self.gpu is not None:
                 r.register(self.gpu)
         self._tracked: dict[str, tuple[str, str, str]] = {}
+        for route in GENERATION_ROUTES:
+            self.overhead.labels(route)
 
     def track_model(self, model: str, engine: str, plan: Any, *, slots: int, max_queue: int, quantization: str | None = None) -> None:
-        """Declare a served model: its info series, its capacity, and zeroed error series (so rates exist)."""
+        """Declare a served model: its info series, its capacity, and its series at zero (so rates exist)."""
         rule, quant = plan_labels(plan, quantization)
         previous = self._tracked.get(model)
         if previous != (engine, rule, quant):
@@ -232,8 +234,16 @@ class GatewayMetrics:
             self._tracked[model] = (engine, rule, quant)
             for kind in ERROR_TYPES:
                 self.errors.labels(model, kind)
-            self.disconnects.labels(model, engine)
+            # Every per-model series exists from the first scrape on, at zero: a series that first
+            # appears already incremented hides that increment from rate() and histogram_quantile().
+            for family in (self.ttft, self.tpot, self.itl, self.e2e, self.prompt_tokens, self.completion_tokens,
+                           self.request_prompt_tokens, self.request_completion_tokens, self.disconnects):
+                family.labels(model, engine)
+            self.queue_wait.labels(model)
             self.rejected.labels(model)
+            for route in GENERATION_ROUTES:
+                self.requests.labels(route, model, "200")
+                self.request_duration.labels(route, model)
         self.slots.labels(model).set(slots)
         self.queue_capacity.labels(model).set(max_queue)
 
