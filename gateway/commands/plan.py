@@ -32,11 +32,16 @@ def embedded_model() -> Path:
 
 
 def describe(p: Plan) -> str:
+    """Candidates in the rules' order of preference; those that failed a hard constraint say so."""
     lines = [f"engine   {p.engine}" + ("" if p.installed else "  (not installed)")]
     lines += [f"options  {k}={v}" for k, v in p.options.items()]
     lines += [f"why      {r}" for r in p.reasons]
     lines += [f"warning  {w}" for w in p.warnings]
-    lines += [f"ranked   {c.rank}. {c.engine} [rule: {c.rule}]" for c in p.candidates]
+    failed = {r.engine for r in p.rejected}
+    lines += [
+        f"ranked   {c.rank}. {c.engine} [rule: {c.rule}]" + (" -> rejected below" if c.engine in failed else "")
+        for c in p.candidates
+    ]
     grouped: dict[str, list[str]] = {}
     for r in p.rejected:
         grouped.setdefault(r.engine, []).append(r.detail + (f" ({r.install})" if r.install else ""))

@@ -48,7 +48,7 @@ CASES = [
         "build-machine",
         "smollm2",
         engine="llamacpp",
-        options={"gpu_layers": 0, "threads": 2, "parallel": 1, "context_length": 8192},
+        options={"gpu_layers": 0, "threads": 1, "parallel": 1, "context_length": 8192},
         rule="cpu-only",
     ),
     Case(
@@ -56,10 +56,10 @@ CASES = [
         "raspberry-pi-5",
         "smollm2",
         engine="llamacpp",
-        options={"threads": 4, "gpu_layers": 0},
+        options={"threads": 3, "gpu_layers": 0},
         rule="cpu-only",
     ),
-    Case("host without NVML", "no-nvml", "smollm2", engine="llamacpp", options={"threads": 8}, rule="cpu-only"),
+    Case("host without NVML", "no-nvml", "smollm2", engine="llamacpp", options={"threads": 7}, rule="cpu-only"),
     Case("M3 Ultra, MLX 4-bit 70B", "mac-studio-m3-ultra", "llama-3-70b-mlx-4bit", engine="mlx", rule="apple-silicon"),
     Case(
         "M3 Ultra, GGUF-only model -> llama.cpp with Metal",
