@@ -57,7 +57,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="as the planner: all cores but one")
     parser.add_argument("--ctx", type=int, default=4096)
     args = parser.parse_args()
 
