@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+
+from adapters.base import EngineError
 
 from gateway.api import chat, completions, embeddings, engines, health, models, observe, status
 from gateway.api.errors import install_error_handlers
@@ -17,6 +20,7 @@ from gateway.middleware import APIKeyMiddleware, BodyLimitMiddleware
 from gateway.runtime import Runtime
 
 log = logging.getLogger("enginegate")
+STARTUP_FAILED = 3
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
@@ -27,7 +31,14 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         rt = runtime or Runtime.build(settings)
         app.state.runtime = rt
         try:
-            await rt.start()
+            try:
+                await rt.start()
+            except EngineError as exc:
+                # A precise message (what is missing, how to install it), not a lifespan traceback;
+                # engines already started are stopped first, so nothing is left behind.
+                await rt.stop()
+                print(f"enginegate: cannot start: {exc.message}", file=sys.stderr, flush=True)
+                os._exit(STARTUP_FAILED)
             print(rt.summary(settings.host, settings.port), file=sys.stderr, flush=True)
             yield
         finally:

@@ -155,3 +155,12 @@ def test_sigterm_stops_the_gateway_cleanly() -> None:
         # uvicorn shuts down gracefully, then re-raises the signal so the exit status tells why.
         assert gw.process.wait(timeout=60) in (0, -signal.SIGTERM)
         assert "Application shutdown complete" in gw.log()
+
+
+def test_an_engine_that_is_not_installed_stops_start_up_with_the_install_command(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = tmp_path / "sglang.yaml"
+    config.write_text("models:\n  - source: default\n    engine: sglang\n")
+    result = run_cli("serve", "--port", "1", "--config", str(config))
+    assert result.returncode == 3
+    assert "cannot start: the sglang engine is not installed" in result.stderr
+    assert "pip install" in result.stderr and "Traceback" not in result.stderr
