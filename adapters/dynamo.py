@@ -21,12 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-import orjson
 
 from adapters.base import Capabilities, EngineError
 from adapters.engine_server import EngineServer
 from adapters.launch import LaunchOptions, flag, flag_if_not_default
-from adapters.openai_http import UpstreamConnectionError
 from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError
 from gateway.config import ModelConfig
 
@@ -143,17 +141,7 @@ class DynamoAdapter(EngineServer):
             return True
         if self.worker_process.state.value == "failed":
             raise ProcessError(f"the dynamo.{self.worker} worker failed: {self.worker_process.detail}")
-        try:
-            status, raw = await self.relay.get(self._upstream_for(endpoint), "/v1/models", timeout=5.0)
-        except (UpstreamConnectionError, OSError, TimeoutError):
-            return False
-        if status != 200:
-            return False
-        try:
-            data = orjson.loads(raw).get("data") or []
-        except (orjson.JSONDecodeError, AttributeError):
-            return False
-        return any(isinstance(m, dict) and m.get("id") == self.served for m in data)
+        return self.served in await self.listed_models(endpoint)
 
     def check(self) -> None:
         super().check()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,6 +36,7 @@ class EngineServer(ServerAdapter):
 
     def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
         super().__init__(model, options)
+        self._run_dir: Path | None = None
         self.model_path = str(model.source)
         self.config_error: str | None = None
         try:
@@ -42,6 +44,20 @@ class EngineServer(ServerAdapter):
         except LaunchConfigError as exc:
             self.config_error = str(exc)
             self.launch_options = LaunchOptions()
+
+    def run_dir(self) -> Path:
+        """A private folder for the config files an engine is launched with; removed on stop."""
+        if self._run_dir is None:
+            self._run_dir = Path(tempfile.mkdtemp(prefix=f"enginegate-{self.engine}-"))
+        return self._run_dir
+
+    async def stop(self) -> None:
+        try:
+            await super().stop()
+        finally:
+            if self._run_dir is not None:
+                shutil.rmtree(self._run_dir, ignore_errors=True)
+                self._run_dir = None
 
     # -- launch ------------------------------------------------------------------------------
 

@@ -17,8 +17,6 @@ checkout from before that date (pinned by the operator: `git checkout <commit be
 from __future__ import annotations
 
 import secrets
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -86,7 +84,6 @@ class TabbyAdapter(EngineServer):
         super().__init__(model, options)
         self.tabby_dir = Path(str(self.options["tabby_dir"])).expanduser() if self.options.get("tabby_dir") else None
         self.admin_key = secrets.token_urlsafe(24)
-        self._run_dir: Path | None = None
 
     def missing_engine(self) -> str | None:
         if self.launch_options.executable:
@@ -109,26 +106,17 @@ class TabbyAdapter(EngineServer):
             )
 
     def command(self, endpoint: Endpoint) -> Launch:
-        if self._run_dir is None:
-            self._run_dir = Path(tempfile.mkdtemp(prefix=f"enginegate-{self.engine}-"))
+        run_dir = self.run_dir()
         config = tabby_config(self.model_path, self.served, self.launch_options, endpoint, self.backend)
-        config_file = self._run_dir / "config.yml"
+        config_file = run_dir / "config.yml"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
-        (self._run_dir / "api_tokens.yml").write_text(yaml.safe_dump(tabby_tokens(endpoint.api_key, self.admin_key)))
+        (run_dir / "api_tokens.yml").write_text(yaml.safe_dump(tabby_tokens(endpoint.api_key, self.admin_key)))
         if self.launch_options.executable:
             program = list(self.launch_options.executable)
         else:
             assert self.tabby_dir is not None
             program = [self.launch_options.python, str(self.tabby_dir / "main.py")]
-        return Launch([*program, "--config", str(config_file)], cwd=str(self._run_dir))
-
-    async def stop(self) -> None:
-        try:
-            await super().stop()
-        finally:
-            if self._run_dir is not None:
-                shutil.rmtree(self._run_dir, ignore_errors=True)
-                self._run_dir = None
+        return Launch([*program, "--config", str(config_file)], cwd=str(run_dir))
 
 
 class ExLlamaV2Adapter(TabbyAdapter):

@@ -108,18 +108,22 @@ class ServerAdapter(Adapter):
     def launch(self, endpoint: Endpoint) -> Launch: ...
 
     async def ready(self, process: ManagedProcess, endpoint: Endpoint) -> bool:
-        """Default rule: the served model appears in the model list (engines whose /health lies)."""
+        """Default rule: the model list names a model (engines whose /health lies)."""
+        return bool(await self.listed_models(endpoint))
+
+    async def listed_models(self, endpoint: Endpoint) -> list[str]:
+        """The ids in the engine's /v1/models; empty while it cannot answer."""
         try:
             status, raw = await self.relay.get(self._upstream_for(endpoint), "/v1/models", timeout=5.0)
         except (UpstreamConnectionError, OSError, TimeoutError):
-            return False
+            return []
         if status != 200:
-            return False
+            return []
         try:
             data = orjson.loads(raw).get("data")
         except (orjson.JSONDecodeError, AttributeError):
-            return False
-        return isinstance(data, list) and len(data) > 0
+            return []
+        return [str(m.get("id")) for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
     def _upstream_for(self, endpoint: Endpoint) -> Upstream:
         return Upstream(endpoint.base_url, endpoint.api_key or None, ask_usage=self.ask_usage)

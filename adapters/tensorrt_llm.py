@@ -11,8 +11,6 @@ ends with a space before the blank line. KV-cache dtype and perf metrics go into
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -88,23 +86,12 @@ class TensorRTLLMAdapter(EngineServer):
         super().__init__(model, options)
         self.upstream_model = Path(self.model_path).name  # type: ignore[misc]
         self.backend = str(self.options.get("backend", "pytorch"))
-        self._run_dir: Path | None = None
 
     def command(self, endpoint: Endpoint) -> Launch:
         extra = extra_options(self.launch_options)
         extra_file: str | None = None
         if extra:
-            if self._run_dir is None:
-                self._run_dir = Path(tempfile.mkdtemp(prefix="enginegate-trtllm-"))
-            path = self._run_dir / "extra_llm_api_options.yaml"
+            path = self.run_dir() / "extra_llm_api_options.yaml"
             path.write_text(yaml.safe_dump(extra, sort_keys=True))
             extra_file = str(path)
         return Launch(trtllm_argv(self.model_path, self.launch_options, endpoint, self.backend, extra_file))
-
-    async def stop(self) -> None:
-        try:
-            await super().stop()
-        finally:
-            if self._run_dir is not None:
-                shutil.rmtree(self._run_dir, ignore_errors=True)
-                self._run_dir = None

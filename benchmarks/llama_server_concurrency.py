@@ -71,7 +71,7 @@ async def main_async(streams: int, tokens: int, threads: int, rounds: int) -> No
         server.should_exit = True
         await task
     single, ttft, agg, ttft_n = max(rows, key=lambda r: r[2])
-    print(f"| streams | tokens/s (aggregate) | time to first token (s) |")
+    print("| streams | tokens/s (aggregate) | time to first token (s) |")
     print("|---|---|---|")
     print(f"| 1 | {single:.1f} | {ttft:.2f} |")
     print(f"| {streams} concurrent | {agg:.1f} | {ttft_n:.2f} (slowest) |")
