@@ -34,6 +34,7 @@ from adapters.base import (
     UnsupportedError,
     Usage,
 )
+from adapters.thread_stream import ThreadStream
 from gateway.config import ModelConfig
 
 log = logging.getLogger("enginegate.llamacpp")
@@ -45,7 +46,6 @@ EXTRA_FIELDS = ("top_k", "min_p", "repeat_penalty", "typical_p", "mirostat_mode"
 OPENAI_DEFAULT_TEMPERATURE = 1.0
 OPENAI_DEFAULT_TOP_P = 1.0
 
-_END = object()
 
 
 class _TokenCounter:
@@ -350,44 +350,31 @@ class LlamaCppAdapter(Adapter):
         chunk_object: str,
     ) -> AsyncIterator[StreamEvent]:
         self._require_loaded()
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        cancelled = threading.Event()
+        stream = ThreadStream()
 
-        def put(item: Any) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        def produce() -> None:
-            self._waiting(-1)
-            if cancelled.is_set():  # the client left while this request waited for the thread
-                put(_END)
-                return
+        def work() -> None:
             self._running(+1)
             chunks: Iterator[dict[str, Any]] | None = None
             try:
                 chunks = call()
                 for chunk in chunks:
-                    if cancelled.is_set():
+                    if stream.cancelled.is_set():
                         log.info("%s: generation cancelled after %d tokens (client disconnected)", ctx.request_id, counter.sampled)
                         break
-                    put(chunk)
-            except BaseException as exc:  # delivered to the event loop, raised there
-                put(exc)
+                    stream.put(chunk)
             finally:
                 if chunks is not None and hasattr(chunks, "close"):
                     chunks.close()
                 self._running(-1)
                 self._finished(counter)
-                put(_END)
 
         self._waiting(+1)
-        loop.run_in_executor(self._executor, produce)
-        return self._events(queue, cancelled, counter, ctx, prefix, chunk_object)
+        stream.run(self._executor, work, on_dequeue=lambda: self._waiting(-1))
+        return self._events(stream, counter, ctx, prefix, chunk_object)
 
     async def _events(
         self,
-        queue: asyncio.Queue[Any],
-        cancelled: threading.Event,
+        stream: ThreadStream,
         counter: _TokenCounter,
         ctx: RequestContext,
         prefix: str,
@@ -396,15 +383,14 @@ class LlamaCppAdapter(Adapter):
         stream_id = f"{prefix}-{ctx.request_id}"
         created = int(time.time())
         finish_reason: str | None = None
+
+        def translate(exc: BaseException) -> Exception:
+            if isinstance(exc, ValueError):
+                return UnsupportedError(str(exc), "messages" if prefix == "chatcmpl" else "prompt")
+            return EngineError(f"llama.cpp generation failed: {exc}")
+
         try:
-            while True:
-                item = await queue.get()
-                if item is _END:
-                    break
-                if isinstance(item, BaseException):
-                    if isinstance(item, ValueError):
-                        raise UnsupportedError(str(item), "messages" if prefix == "chatcmpl" else "prompt")
-                    raise EngineError(f"llama.cpp generation failed: {item}")
+            async for item in stream.items(translate):
                 item["id"] = stream_id
                 item["model"] = ctx.model
                 choice = item["choices"][0] if item.get("choices") else {}
@@ -425,7 +411,7 @@ class LlamaCppAdapter(Adapter):
                 )
             yield StreamEvent(data=data, usage=usage)
         finally:
-            cancelled.set()
+            stream.cancelled.set()
 
     def _require_loaded(self) -> None:
         if self._llm is None:

@@ -40,6 +40,7 @@ from adapters.base import (
     Usage,
 )
 from adapters.stops import StopMatcher, stop_list
+from adapters.thread_stream import ThreadStream
 from gateway.config import ModelConfig
 
 log = logging.getLogger("enginegate.mlx")
@@ -48,7 +49,6 @@ INSTALL_HINT = (
     "pip install 'mlx-lm'" if sys.platform == "darwin" else "pip install 'mlx[cpu]' mlx-lm  (or: pip install 'enginegate[mlx]')"
 )
 OPENAI_DEFAULT_TEMPERATURE = 1.0
-_END = object()
 
 
 @dataclass(slots=True)
@@ -283,25 +283,8 @@ class MLXAdapter(Adapter):
         return Completion(body=body, usage=outcome.usage)
 
     async def _stream(self, req: _Request, ctx: RequestContext, chat: bool) -> AsyncIterator[StreamEvent]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        cancelled = threading.Event()
-
-        def put(item: Any) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        def produce() -> None:
-            if cancelled.is_set():  # the client left while this request waited for the thread
-                put(_END)
-                return
-            try:
-                put(self._generate(req, put, cancelled))
-            except BaseException as exc:  # raised on the event loop
-                put(exc)
-            finally:
-                put(_END)
-
-        future = loop.run_in_executor(self._executor, produce)
+        stream = ThreadStream()
+        stream.run(self._executor, lambda: stream.put(self._generate(req, stream.put, stream.cancelled)))
         prefix, obj = ("chatcmpl", "chat.completion.chunk") if chat else ("cmpl", "text_completion")
         head = {"id": f"{prefix}-{ctx.request_id}", "object": obj, "created": int(time.time()), "model": ctx.model}
 
@@ -318,14 +301,7 @@ class MLXAdapter(Adapter):
             if chat:
                 yield StreamEvent(data=chunk({"role": "assistant", "content": ""}))
             outcome: _Outcome | None = None
-            while True:
-                item = await queue.get()
-                if item is _END:
-                    break
-                if isinstance(item, BaseException):
-                    if isinstance(item, (UnsupportedError, EngineError)):
-                        raise item
-                    raise EngineError(f"mlx generation failed: {item}")
+            async for item in stream.items(_engine_error):
                 if isinstance(item, _Outcome):
                     outcome = item
                     continue
@@ -336,13 +312,17 @@ class MLXAdapter(Adapter):
             data = orjson.dumps({**head, "choices": [], "usage": outcome.usage.as_dict()}) if ctx.include_usage else b""
             yield StreamEvent(data=data, usage=outcome.usage)
         finally:
-            cancelled.set()
-            if not future.done():
+            stream.cancelled.set()
+            if stream.future is not None and not stream.future.done():
                 log.info("%s: stream closed early; generation cancelled", ctx.request_id)
 
     def _require_loaded(self) -> None:
         if self._model is None:
             raise EngineError(f"model {self.model.name or self.path} is not loaded", status=503, code="model_not_ready")
+
+
+def _engine_error(exc: BaseException) -> BaseException:
+    return exc if isinstance(exc, (UnsupportedError, EngineError)) else EngineError(f"mlx generation failed: {exc}")
 
 
 def _number(body: dict[str, Any], key: str, default: float) -> float:
