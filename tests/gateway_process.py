@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,14 +15,12 @@ from pathlib import Path
 
 import httpx
 
+from adapters.process import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 180.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

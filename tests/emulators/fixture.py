@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,14 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from adapters.process import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_PREFIX = "emulator ready on "
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

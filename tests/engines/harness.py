@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import uvicorn
 
+from adapters.process import free_port
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.runtime import Runtime
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
