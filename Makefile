@@ -12,7 +12,7 @@ LLAMA_SERVER_STAMP := $(VENV)/.llama-server
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/bootstrap.sh scripts/llamacpp_cmake_args.py
+$(STAMP): pyproject.toml scripts/bootstrap.sh gateway/llamacpp_flags.py
 	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/bootstrap.sh
 	touch $(STAMP)
 

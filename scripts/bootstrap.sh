@@ -23,7 +23,7 @@ VPY="$VENV/bin/python"
 "$VPY" -m pip install -q --upgrade pip
 
 # llama-cpp-python ships only as source: build a wheel once per (version, CPU flags).
-CMAKE_FLAGS="$("$VPY" scripts/llamacpp_cmake_args.py)"
+CMAKE_FLAGS="$("$VPY" gateway/llamacpp_flags.py)"
 KEY="$(printf '%s' "$CMAKE_FLAGS" | sha1sum | cut -c1-12)"
 WHEELS="$CACHE/wheels/llamacpp-$LLAMA_CPP_VERSION-$KEY"
 if ! "$VPY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_CPP_VERSION')" 2>/dev/null; then

@@ -3,7 +3,7 @@
 PyPI carries no llama-server binary, but the llama-cpp-python sdist vendors the whole
 llama.cpp tree (`vendor/llama.cpp`, `tools/server` included). This command downloads that
 sdist through pip, configures it with the portable CPU flags of
-`scripts/llamacpp_cmake_args.py` (never -march=native, never AMX), builds only the
+`gateway/llamacpp_flags.py` (never -march=native, never AMX), builds only the
 `llama-server` target, and installs one static binary into the cache:
 `$ENGINEGATE_CACHE/bin/llama-server` (default `~/.cache/enginegate`). A stamp file beside
 the binary records the version and flags, so a second run with the same inputs is a no-op.
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adapters.paths import bin_dir, cache_dir
+from gateway.llamacpp_flags import host_cmake_args
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 ENGINES = ("llama-server",)
@@ -32,13 +33,6 @@ _EXTRA_CMAKE_ARGS = ("-DLLAMA_BUILD_SERVER=ON", "-DBUILD_SHARED_LIBS=OFF", "-DCM
 
 def cached_binary(name: str = "llama-server") -> Path:
     return bin_dir() / name
-
-
-def portable_cmake_args() -> list[str]:
-    """The CPU flags for this machine, from scripts/llamacpp_cmake_args.py (stdlib only)."""
-    script = Path(__file__).resolve().parents[2] / "scripts" / "llamacpp_cmake_args.py"
-    out = subprocess.run([sys.executable, str(script)], check=True, capture_output=True, text=True)
-    return out.stdout.split()
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +100,7 @@ def fetch_sources(spec: BuildSpec, work: Path) -> Path:
 
 
 def install_llama_server(jobs: int, force: bool = False) -> Path:
-    spec = BuildSpec(LLAMA_CPP_PYTHON_VERSION, tuple(portable_cmake_args()) + _EXTRA_CMAKE_ARGS)
+    spec = BuildSpec(LLAMA_CPP_PYTHON_VERSION, tuple(host_cmake_args()) + _EXTRA_CMAKE_ARGS)
     binary = cached_binary()
     if not force and is_installed(binary, spec):
         _say(f"llama-server already installed: {binary} (same version and flags)")

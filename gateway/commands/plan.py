@@ -74,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="a workload YAML (prompt_tokens, output_tokens, context_length, concurrency, mode, objective...)",
     )
     p.add_argument("--engine", default="auto", help="force an engine; its failed constraints become warnings")
-    p.add_argument("--rules", help="a selection rules YAML that overrides configs/selection.yaml")
+    p.add_argument("--rules", help="a selection rules YAML that overrides the built-in gateway/data/selection.yaml")
     p.add_argument("--installed", help="comma-separated engines to treat as installed (default: check this machine)")
     p.add_argument("--json", action="store_true", help="print the Plan as JSON (engine at the top level)")
     p.set_defaults(func=run)

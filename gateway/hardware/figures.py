@@ -1,4 +1,4 @@
-"""Datasheet bandwidth and FLOPs by device name, from configs/hardware.yaml."""
+"""Datasheet bandwidth and FLOPs by device name, from gateway/data/hardware.yaml."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import yaml
 
 from gateway.hardware.models import DeviceFigures
 
-DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "configs" / "hardware.yaml"
+DEFAULT_TABLE = Path(__file__).resolve().parents[1] / "data" / "hardware.yaml"
 
 
 @lru_cache(maxsize=8)

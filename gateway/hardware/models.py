@@ -33,7 +33,7 @@ class MemoryInfo(_Frozen):
 
 
 class DeviceFigures(_Frozen):
-    """Datasheet figures from configs/hardware.yaml; null for devices not in the table."""
+    """Datasheet figures from gateway/data/hardware.yaml; null for devices not in the table."""
 
     memory_bandwidth_gbps: float | None = None
     peak_dense_tflops: float | None = None

