@@ -11,9 +11,9 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-Operation = Literal["chat", "completions", "embeddings", "responses"]
+Operation = Literal["chat", "completions", "embeddings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,14 +21,19 @@ class Capabilities:
     chat: bool = True
     completions: bool = True
     embeddings: bool = False
-    responses: bool = False
     tools: bool = False
     structured_output: bool = False
     n_choices: bool = False  # n > 1
     logprobs: bool = False
 
     def supports(self, operation: Operation) -> bool:
-        return bool(getattr(self, operation))
+        match operation:
+            case "chat":
+                return self.chat
+            case "completions":
+                return self.completions
+            case "embeddings":
+                return self.embeddings
 
 
 @dataclass(slots=True)
@@ -147,12 +152,12 @@ class Adapter(abc.ABC):
     must cancel the generation.
     """
 
-    engine: ClassVar[str]
-    capabilities: ClassVar[Capabilities] = Capabilities()
-    default_concurrency: ClassVar[int] = 1
+    engine: str = ""
+    capabilities: Capabilities = Capabilities()
+    default_concurrency: int = 1
     """Requests the gateway lets through to the engine at once (more wait in its queue). Engines
     that batch (servers) take many; an in-process model instance generates one at a time."""
-    container_image: ClassVar[str | None] = None
+    container_image: str | None = None
     """The engine's official container image, for deploy/ (None: the engine runs in the gateway's own)."""
 
     @abc.abstractmethod
@@ -176,6 +181,10 @@ class Adapter(abc.ABC):
     async def engine_stats(self) -> EngineStats | None:
         """The engine's own metrics (queue, KV cache, tokens), polled by the gateway."""
         return None
+
+    def logs(self, lines: int = 100) -> list[str]:
+        """The last lines of the engine's own log; empty for engines with none (in-process)."""
+        return []
 
     def describe(self) -> dict[str, Any]:
         """Facts for /v1/models and the start-up summary (context length, file, ...)."""

@@ -19,14 +19,15 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-
+from adapters import sglang, vllm
 from adapters.base import Capabilities, EngineError
+from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchOptions, flag, flag_if_not_default
-from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError
-from gateway.config import ModelConfig
+from adapters.launch import SERVER_KV_DTYPE, LaunchOptions, flag, server_layout_options, flag_if_not_default
+from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState
+from adapters.spec import EngineSpec, Layout, ServerSpec
 
 WORKERS = ("vllm", "sglang", "trtllm", "mocker")
 METRICS: Mapping[str, str] = {
@@ -60,24 +61,9 @@ def worker_argv(worker: str, model_path: str, served: str, opts: LaunchOptions, 
     if worker == "mocker":
         argv += ["--model-path", model_path, "--model-name", served]
     elif worker == "vllm":  # vLLM's own engine arguments
-        argv += ["--model", model_path, "--served-model-name", served]
-        flag_if_not_default(argv, "--tensor-parallel-size", opts.tensor_parallel)
-        flag_if_not_default(argv, "--pipeline-parallel-size", opts.pipeline_parallel)
-        flag(argv, "--max-model-len", opts.context_length)
-        flag(argv, "--gpu-memory-utilization", opts.gpu_memory_fraction)
-        flag(argv, "--quantization", opts.quantization)
-        flag(argv, "--kv-cache-dtype", opts.kv_cache_dtype)
+        argv += vllm.engine_args(model_path, served, opts)
     elif worker == "sglang":  # SGLang's server arguments
-        argv += ["--model-path", model_path, "--served-model-name", served]
-        flag_if_not_default(argv, "--tp-size", opts.tensor_parallel)
-        flag_if_not_default(argv, "--pp-size", opts.pipeline_parallel)
-        if opts.nodes > 1:
-            argv += ["--nnodes", str(opts.nodes), "--node-rank", str(opts.node_rank),
-                     "--dist-init-addr", str(opts.master_addr)]
-        flag(argv, "--context-length", opts.context_length)
-        flag(argv, "--mem-fraction-static", opts.gpu_memory_fraction)
-        flag(argv, "--quantization", opts.quantization)
-        flag(argv, "--kv-cache-dtype", opts.kv_cache_dtype)
+        argv += sglang.engine_args(model_path, served, opts)
     elif worker == "trtllm":  # dynamo.trtllm's own flags (1.6.1: --model; --model-path is obsolete)
         argv += ["--model", model_path, "--served-model-name", served]
         flag_if_not_default(argv, "--tensor-parallel-size", opts.tensor_parallel)
@@ -89,30 +75,25 @@ def worker_argv(worker: str, model_path: str, served: str, opts: LaunchOptions, 
     return argv + plane_args(discovery)
 
 
-class DynamoAdapter(EngineServer):
-    engine = "dynamo"
-    capabilities = Capabilities(
-        chat=True, completions=True, embeddings=False, tools=True, structured_output=True,
-    )
-    container_image = "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1"
-    images: ClassVar[Mapping[str, str]] = {
-        "vllm": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1",
-        "sglang": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.6.1",
-        "trtllm": "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1",
-    }
-    install_hint = ("pip install 'ai-dynamo[vllm]'  (or [sglang], [trtllm]); on a host where that fails: "
-                    "pip install ai-dynamo-runtime && pip install --no-deps ai-dynamo")
-    python_module = "dynamo.frontend"
-    metrics_map: ClassVar[Mapping[str, str]] = METRICS
-    uses_api_key = False
-    default_startup_timeout = 900.0
+def layout_options(lay: Layout) -> dict[str, Any]:
+    return {**server_layout_options(lay), "worker": "vllm", "kv_cache_dtype": SERVER_KV_DTYPE[lay.kv_dtype],
+            "router_mode": "kv" if lay.shared_prefix else "round-robin"}
 
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        super().__init__(model, options)
+
+IMAGES: Mapping[str, str] = {
+    "vllm": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1",
+    "sglang": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.6.1",
+    "trtllm": "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1",
+}
+
+
+class DynamoAdapter(EngineServer):
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        super().__init__(config, spec)
         self.worker = str(self.options.get("worker", "vllm"))
         self.discovery = str(self.options.get("discovery_backend", "file"))
         self.router_mode = self.options.get("router_mode")
-        self.container_image = self.images.get(self.worker, self.container_image)  # type: ignore[misc]
+        self.container_image = IMAGES.get(self.worker, self.container_image)
         self._kv_dir: Path | None = None
         program = self.options.get("worker_executable")
         self.worker_program = shlex.split(program) if isinstance(program, str) else list(program or [])
@@ -125,7 +106,7 @@ class DynamoAdapter(EngineServer):
             self._kv_dir = Path(tempfile.mkdtemp(prefix="enginegate-dynamo-"))
         return {"DYN_FILE_KV": str(self._kv_dir)}
 
-    def command(self, endpoint: Endpoint) -> Launch:
+    def frontend(self, endpoint: Endpoint) -> Launch:
         return Launch(frontend_argv(self.launch_options, endpoint, self.discovery, self.router_mode), self._env())
 
     def launch_worker(self, endpoint: Endpoint) -> Launch:
@@ -137,9 +118,9 @@ class DynamoAdapter(EngineServer):
         """Ready when the frontend lists the served model, i.e. a worker registered it.
 
         The worker has no port to probe: it counts as up while it runs."""
-        if process is getattr(self, "worker_process", None):
+        if process is not self.process:  # the worker (ready() is called only once it runs)
             return True
-        if self.worker_process.state.value == "failed":
+        if self.worker_process.state is ProcessState.FAILED:
             raise ProcessError(f"the dynamo.{self.worker} worker failed: {self.worker_process.detail}")
         return self.served in await self.listed_models(endpoint)
 
@@ -174,3 +155,25 @@ class DynamoAdapter(EngineServer):
         info = super().describe()
         info["worker"] = {"kind": self.worker, "state": self.worker_process.state.value, "pid": self.worker_process.pid}
         return info
+
+
+def _frontend(adapter: EngineServer, endpoint: Endpoint) -> Launch:
+    assert isinstance(adapter, DynamoAdapter)
+    return adapter.frontend(endpoint)
+
+
+SPEC = EngineSpec(
+    name="dynamo",
+    adapter=DynamoAdapter,
+    capabilities=Capabilities(chat=True, completions=True, embeddings=False, tools=True, structured_output=True),
+    accelerators=("nvidia",),
+    formats=("bf16", "fp16", "fp8", "awq", "gptq"),
+    min_compute_capability=8.0,
+    install_hint=("pip install 'ai-dynamo[vllm]'  (or [sglang], [trtllm]); on a host where that fails: "
+                  "pip install ai-dynamo-runtime && pip install --no-deps ai-dynamo"),
+    python_modules=("dynamo",),
+    layout_options=layout_options,
+    default_concurrency=64,
+    container_image=IMAGES["vllm"],
+    server=ServerSpec(command=_frontend, ready_path=None, metrics_map=METRICS, uses_api_key=False, startup_timeout=900.0),
+)

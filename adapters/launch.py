@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters.spec import Layout
+
 
 class LaunchConfigError(ValueError):
     """An option has a value the engine cannot take; the message names the option."""
@@ -69,7 +71,7 @@ def _positive_int(options: Mapping[str, Any], key: str, default: int) -> int:
     return value
 
 
-def _strings(options: Mapping[str, Any], key: str) -> tuple[str, ...]:
+def strings(options: Mapping[str, Any], key: str) -> tuple[str, ...]:
     value = options.get(key)
     if value is None:
         return ()
@@ -99,14 +101,14 @@ def launch_options(options: Mapping[str, Any]) -> LaunchOptions:
     master = options.get("master_addr")
     if nodes > 1 and not master:
         raise LaunchConfigError("options.master_addr (host:port of node 0) is required when options.nodes > 1")
-    executable = _strings(options, "executable") or None
+    executable = strings(options, "executable") or None
     return LaunchOptions(
         tensor_parallel=_positive_int(options, "tensor_parallel", 1),
         pipeline_parallel=_positive_int(options, "pipeline_parallel", 1),
         nodes=nodes,
         node_rank=rank,
         master_addr=str(master) if master else None,
-        hosts=_strings(options, "hosts"),
+        hosts=strings(options, "hosts"),
         context_length=context,
         gpu_memory_fraction=fraction,
         quantization=str(options["quantization"]) if options.get("quantization") else None,
@@ -115,7 +117,7 @@ def launch_options(options: Mapping[str, Any]) -> LaunchOptions:
         executable=executable,
         python=str(options.get("python") or sys.executable),
         env={str(k): str(v) for k, v in env.items()},
-        extra_args=_strings(options, "extra_args"),
+        extra_args=strings(options, "extra_args"),
     )
 
 
@@ -128,3 +130,18 @@ def flag(argv: list[str], name: str, value: object | None) -> None:
 def flag_if_not_default(argv: list[str], name: str, value: int, default: int = 1) -> None:
     if value != default:
         argv += [name, str(value)]
+
+
+SERVER_KV_DTYPE = {"fp16": "auto", "bf16": "auto", "fp8": "fp8", "q8_0": "fp8", "q4_0": "fp8"}
+"""The planner's KV dtype in vLLM's, SGLang's and Dynamo's `--kv-cache-dtype` names."""
+
+
+def server_layout_options(lay: Layout) -> dict[str, Any]:
+    """A planned layout in the options above (the ones every server engine reads)."""
+    return {
+        "context_length": lay.context_length,
+        "tensor_parallel": lay.tensor_parallel,
+        "pipeline_parallel": lay.pipeline_parallel,
+        "gpu_memory_fraction": lay.gpu_memory_fraction,
+        "max_concurrency": lay.concurrency,
+    }

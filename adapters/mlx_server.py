@@ -15,14 +15,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, ClassVar
-
 from adapters.base import Capabilities, RequestContext
+from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
 from adapters.launch import LaunchOptions
 from adapters.mlx import INSTALL_HINT
 from adapters.process import Endpoint, Launch, ManagedProcess
-from gateway.config import ModelConfig
+from adapters.spec import EngineSpec, ServerSpec
 
 PROBE = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
 
@@ -36,20 +35,12 @@ def mlx_server_argv(model_path: str, opts: LaunchOptions, endpoint: Endpoint, ma
 
 
 class MLXServerAdapter(EngineServer):
-    engine = "mlx_server"
-    capabilities = Capabilities(chat=True, completions=True, embeddings=False, tools=True)
-    container_image = None  # Apple silicon (Metal) only: no container runs it
-    install_hint = INSTALL_HINT
-    python_module = "mlx_lm.server"
-    metrics_path: ClassVar[str | None] = None
-    uses_api_key = False
-    upstream_model = "default_model"
 
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        super().__init__(model, options)
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        super().__init__(config, spec)
         self._hf_home: Path | None = None
 
-    def command(self, endpoint: Endpoint) -> Launch:
+    def mlx_server(self, endpoint: Endpoint) -> Launch:
         env: dict[str, str] = {}
         if "HF_HOME" not in os.environ and not (Path.home() / ".cache" / "huggingface").is_dir():
             if self._hf_home is None:
@@ -74,3 +65,22 @@ class MLXServerAdapter(EngineServer):
             if self._hf_home is not None:
                 shutil.rmtree(self._hf_home, ignore_errors=True)
                 self._hf_home = None
+
+
+def _mlx_server(adapter: EngineServer, endpoint: Endpoint) -> Launch:
+    assert isinstance(adapter, MLXServerAdapter)
+    return adapter.mlx_server(endpoint)
+
+
+SPEC = EngineSpec(
+    name="mlx_server",
+    adapter=MLXServerAdapter,
+    capabilities=Capabilities(chat=True, completions=True, embeddings=False, tools=True),
+    install_hint=INSTALL_HINT,
+    python_modules=("mlx_lm",),
+    plans_as="mlx",
+    default_concurrency=64,
+    container_image=None,  # Apple silicon (Metal) only: no container runs it
+    server=ServerSpec(command=_mlx_server, ready_path=None, metrics_path=None, uses_api_key=False,
+                      upstream_model="default_model"),
+)

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import yaml
 
 from adapters.base import Capabilities
+from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchOptions, flag, flag_if_not_default
+from adapters.launch import LaunchOptions, flag, flag_if_not_default, server_layout_options
 from adapters.process import Endpoint, Launch
-from gateway.config import ModelConfig
+from adapters.spec import EngineSpec, ServerSpec
 
 PROGRAM = "trtllm-serve"
 METRICS: Mapping[str, str] = {
@@ -66,32 +67,46 @@ def trtllm_argv(model_path: str, opts: LaunchOptions, endpoint: Endpoint, backen
     return argv
 
 
+def trtllm_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
+    extra = extra_options(adapter.launch_options)
+    extra_file: str | None = None
+    if extra:
+        path = adapter.run_dir() / "extra_llm_api_options.yaml"
+        path.write_text(yaml.safe_dump(extra, sort_keys=True))
+        extra_file = str(path)
+    backend = str(adapter.options.get("backend", "pytorch"))
+    return Launch(trtllm_argv(adapter.model_path, adapter.launch_options, endpoint, backend, extra_file))
+
+
 class TensorRTLLMAdapter(EngineServer):
-    engine = "tensorrt_llm"
-    capabilities = Capabilities(
-        chat=True, completions=True, embeddings=False, responses=True, tools=True, structured_output=True,
-        n_choices=True, logprobs=True,
-    )
-    container_image = "nvcr.io/nvidia/tensorrt-llm/release:latest"
-    install_hint = ("pip install tensorrt_llm --extra-index-url https://pypi.nvidia.com  (NVIDIA GPU only), "
-                    "or run the container " "nvcr.io/nvidia/tensorrt-llm/release")
-    program_name = PROGRAM
-    ready_path = "/health_generate"
-    metrics_path: ClassVar[str | None] = "/prometheus/metrics"
-    metrics_map: ClassVar[Mapping[str, str]] = METRICS
-    uses_api_key = False
-    default_startup_timeout = 1800.0  # the tensorrt backend builds engines on first start
+    """The engine's model id is the model directory's basename: that is what goes upstream."""
 
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        super().__init__(model, options)
-        self.upstream_model = Path(self.model_path).name  # type: ignore[misc]
-        self.backend = str(self.options.get("backend", "pytorch"))
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        super().__init__(config, spec)
+        self.upstream_model = Path(self.model_path).name
 
-    def command(self, endpoint: Endpoint) -> Launch:
-        extra = extra_options(self.launch_options)
-        extra_file: str | None = None
-        if extra:
-            path = self.run_dir() / "extra_llm_api_options.yaml"
-            path.write_text(yaml.safe_dump(extra, sort_keys=True))
-            extra_file = str(path)
-        return Launch(trtllm_argv(self.model_path, self.launch_options, endpoint, self.backend, extra_file))
+
+SPEC = EngineSpec(
+    name="tensorrt_llm",
+    adapter=TensorRTLLMAdapter,
+    capabilities=Capabilities(
+        chat=True, completions=True, embeddings=False, tools=True, structured_output=True, n_choices=True, logprobs=True,
+    ),
+    accelerators=("nvidia",),
+    formats=("bf16", "fp16", "fp8", "awq", "gptq"),
+    min_compute_capability=8.0,
+    install_hint=("pip install tensorrt_llm --extra-index-url https://pypi.nvidia.com  (NVIDIA GPU only), "
+                  "or run the container nvcr.io/nvidia/tensorrt-llm/release"),
+    programs=(PROGRAM,),
+    layout_options=server_layout_options,
+    default_concurrency=64,
+    container_image="nvcr.io/nvidia/tensorrt-llm/release:latest",
+    server=ServerSpec(
+        command=trtllm_command,
+        ready_path="/health_generate",
+        metrics_path="/prometheus/metrics",
+        metrics_map=METRICS,
+        uses_api_key=False,
+        startup_timeout=1800.0,  # the tensorrt backend builds engines on first start
+    ),
+)

@@ -25,6 +25,11 @@ async def _send_error(send: Send, status: int, message: str, code: str, headers:
 PROTECTED_PREFIXES = ("/v1/", "/admin/")
 
 
+def bearer_token(authorization: bytes) -> bytes:
+    """The token of an `Authorization: Bearer <token>` header value; empty for any other scheme."""
+    return authorization[7:].strip() if authorization[:7].lower() == b"bearer " else b""
+
+
 class APIKeyMiddleware:
     """Requires `Authorization: Bearer <key>` on /v1 and /admin routes when keys are configured."""
 
@@ -38,8 +43,8 @@ class APIKeyMiddleware:
             return
         token = b""
         for key, value in scope.get("headers", []):
-            if key == b"authorization" and value[:7].lower() == b"bearer ":
-                token = value[7:].strip()
+            if key == b"authorization":
+                token = bearer_token(value)
         if not any(hmac.compare_digest(token, k) for k in self.keys):
             await _send_error(send, 401, "Incorrect or missing API key: send Authorization: Bearer <key>", "invalid_api_key",
                               [(b"www-authenticate", b"Bearer")])

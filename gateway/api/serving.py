@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Literal, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from adapters.base import ClientRequestError, Completion, EngineError, RequestContext, StreamEvent, UnsupportedError
+from adapters.base import (
+    Adapter,
+    ChatResult,
+    ClientRequestError,
+    Completion,
+    EngineError,
+    Operation,
+    RequestContext,
+    StreamEvent,
+    UnsupportedError,
+)
 from gateway.api.errors import APIError, error_payload
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.routing import Backend, QueueFull
@@ -21,8 +31,14 @@ from gateway.timing import TimedStream, request_timing
 
 log = logging.getLogger("enginegate.api")
 
-Operation = Literal["chat", "completions", "embeddings"]
 M = TypeVar("M", bound=BaseModel)
+Call = Callable[[Adapter, dict[str, Any], RequestContext], Awaitable[ChatResult]]
+OPERATIONS: dict[Operation, Call] = {
+    "chat": lambda adapter, body, ctx: adapter.chat(body, ctx),
+    "completions": lambda adapter, body, ctx: adapter.completions(body, ctx),
+    "embeddings": lambda adapter, body, ctx: adapter.embeddings(body, ctx),
+}
+"""The adapter's typed operation for each route."""
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
@@ -92,7 +108,7 @@ async def generate(request: Request, backend: Backend, operation: Operation, bod
     timing = request_timing(request.scope)
     try:
         with timing.upstream_span():
-            result = await getattr(backend.adapter, operation)(body, ctx)
+            result = await OPERATIONS[operation](backend.adapter, body, ctx)
     except BaseException as exc:
         backend.admission.release()
         _count_error(m, backend, exc)

@@ -7,12 +7,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adapters import registry
 from gateway.hardware import HardwareSnapshot
 from gateway.planning.capacity import Capacity, MemoryPool, assess, kv_bytes, max_context
 from gateway.planning.installed import Installed, is_installed
 from gateway.planning.options import Layout, engine_options
+from gateway.planning.overrides import OptionOverride
 from gateway.planning.pools import GPU_MEMORY_FRACTION, fast_pools, place, system_pool
-from gateway.planning.selection import ENGINES, Candidate, Rejection, RuleBook, load_rules, rank, violations
+from gateway.planning.selection import Candidate, Rejection, RuleBook, load_rules, rank, violations
 from gateway.planning.specs import ModelSpec
 from gateway.planning.workload import Accelerator, Interconnect, Profile, Workload, heaviness
 
@@ -24,6 +26,10 @@ class Plan(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     engine: str
     options: dict[str, Any] = Field(default_factory=dict)
+    rule: str | None = None
+    """The selection rule that chose the engine (`requested` when the config named it)."""
+    overridden: tuple[OptionOverride, ...] = ()
+    """The plan's choices that the user's explicit settings replaced (see overrides.py)."""
     reasons: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     installed: bool = True
@@ -250,10 +256,6 @@ def _explain(
         warnings.append("MIG is enabled: engines see MIG slices, not whole GPUs, and memory figures above are per GPU")
 
 
-# Engines run in another mode of a planned engine: planned as that engine, served by this adapter.
-SERVED_AS: dict[str, str] = {"llama_server": "llamacpp", "mlx_server": "mlx"}
-
-
 def plan(
     snapshot: HardwareSnapshot,
     spec: ModelSpec,
@@ -262,10 +264,14 @@ def plan(
     installed: Installed | None = None,
     rules: RuleBook | Path | None = None,
 ) -> Plan:
-    mode = requested_engine if requested_engine in SERVED_AS else None
-    requested_engine = SERVED_AS.get(requested_engine, requested_engine)
+    # An engine run as another mode of a planned engine (llama_server of llamacpp) is planned as that one.
+    planned_as = registry.spec(requested_engine).plans_as if requested_engine != "auto" else None
+    mode = requested_engine if planned_as else None
+    requested_engine = planned_as or requested_engine
     w = workload or Workload()
-    check = installed or is_installed
+    base_check = installed or is_installed
+    def check(engine: str) -> bool:
+        return base_check(mode if mode and engine == requested_engine else engine)
     book = rules if isinstance(rules, RuleBook) else load_rules(rules)
     if spec.weight_bytes is None:
         raise ValueError(f"{spec.path}: the weights' size is unknown, so capacity cannot be planned")
@@ -281,7 +287,8 @@ def plan(
     not_installed: list[Candidate] = []
     if requested_engine != "auto":
         if requested_engine not in book.engines:
-            raise ValueError(f"unknown engine {requested_engine!r}; known: {', '.join(ENGINES)}")
+            raise ValueError(f"engine {requested_engine!r} cannot be planned (its spec declares no layout options); "
+                             f"plannable: {', '.join(book.engines)}")
         chosen = Candidate(
             engine=requested_engine,
             rank=0,
@@ -289,8 +296,9 @@ def plan(
             because=f"engine {requested_engine!r} set in the model's config",
         )
         for v in violations(requested_engine, book.engines[requested_engine], profile, check):
+            install = registry.spec(mode).install_hint if mode and v.constraint == "installed" else v.install
             warnings.append(
-                f"{requested_engine} was requested but {v.detail}" + (f": {v.install}" if v.install else "")
+                f"{mode or requested_engine} was requested but {v.detail}" + (f": {install}" if install else "")
             )
     else:
         for cand in ranked:
@@ -324,6 +332,7 @@ def plan(
     return Plan(
         engine=mode or chosen.engine,
         options=engine_options(chosen.engine, lay),
+        rule=chosen.rule,
         reasons=tuple(reasons),
         warnings=tuple(warnings),
         installed=is_present,

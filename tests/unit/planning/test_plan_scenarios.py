@@ -75,7 +75,7 @@ CASES = [
         "rtx-3060",
         "llama-3-8b-exl2",
         engine="exllamav2",
-        options={"gpus": 1, "tensor_parallel": 1},
+        options={"tensor_parallel": 1},
         rule="one-consumer-rtx",
     ),
     Case("one RTX 3060, EXL3 (cc 8.6)", "rtx-3060", "llama-3-8b-exl3", engine="exllamav3", rule="one-consumer-rtx"),
@@ -92,7 +92,7 @@ CASES = [
         "2x-rtx-4090",
         "llama-3-70b-exl3",
         engine="exllamav3",
-        options={"gpus": 2, "tensor_parallel": 1},
+        options={"tensor_parallel": 1},
         rule="several-nvidia-gpus",
     ),
     Case(
@@ -215,7 +215,7 @@ def test_engine_not_installed_is_reported_with_its_install_command_and_the_next_
     p = plan(host("hgx-8x-h100"), model("llama-3-8b"), Workload(mode="production"), installed=installed_set({"sglang"}))
     assert p.engine == "sglang" and p.installed
     vllm = next(r for r in p.rejected if r.engine == "vllm")
-    assert vllm.constraint == "installed" and vllm.install == "pip install vllm"
+    assert vllm.constraint == "installed" and vllm.install and vllm.install.startswith("pip install vllm")
 
 
 def test_nothing_installed_still_names_the_best_engine_and_how_to_install_it() -> None:
