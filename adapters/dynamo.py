@@ -14,18 +14,14 @@ it counts as up while it runs, and the frontend's readiness covers the rest.
 
 from __future__ import annotations
 
-import shlex
-import shutil
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from adapters import sglang, vllm
 from adapters.base import Capabilities, EngineError
 from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
-from adapters.launch import SERVER_KV_DTYPE, LaunchOptions, flag, server_layout_options, flag_if_not_default
+from adapters.launch import SERVER_KV_DTYPE, LaunchConfigError, LaunchOptions, flag, flag_if_not_default, server_layout_options, strings
 from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState
 from adapters.spec import EngineSpec, Layout, ServerSpec
 
@@ -94,17 +90,18 @@ class DynamoAdapter(EngineServer):
         self.discovery = str(self.options.get("discovery_backend", "file"))
         self.router_mode = self.options.get("router_mode")
         self.container_image = IMAGES.get(self.worker, self.container_image)
-        self._kv_dir: Path | None = None
-        program = self.options.get("worker_executable")
-        self.worker_program = shlex.split(program) if isinstance(program, str) else list(program or [])
+        try:
+            self.worker_program = list(strings(self.options, "worker_executable"))
+            self.worker_args = list(strings(self.options, "worker_args"))
+        except LaunchConfigError as exc:
+            self.config_error = self.config_error or str(exc)
+            self.worker_program, self.worker_args = [], []
         self.worker_process = self._new_process(self.launch_worker, role="worker")
 
     def _env(self) -> dict[str, str]:
         if self.discovery != "file":
             return {}
-        if self._kv_dir is None:
-            self._kv_dir = Path(tempfile.mkdtemp(prefix="enginegate-dynamo-"))
-        return {"DYN_FILE_KV": str(self._kv_dir)}
+        return {"DYN_FILE_KV": str(self.run_dir("discovery"))}
 
     def frontend(self, endpoint: Endpoint) -> Launch:
         return Launch(frontend_argv(self.launch_options, endpoint, self.discovery, self.router_mode), self._env())
@@ -112,7 +109,7 @@ class DynamoAdapter(EngineServer):
     def launch_worker(self, endpoint: Endpoint) -> Launch:
         argv = worker_argv(self.worker, self.model_path, self.served, self.launch_options, self.discovery,
                            self.worker_program)
-        return Launch(argv + list(self.options.get("worker_args", [])), {**self._env(), **self.launch_options.env})
+        return Launch(argv + self.worker_args, {**self._env(), **self.launch_options.env})
 
     async def ready(self, process: ManagedProcess, endpoint: Endpoint) -> bool:
         """Ready when the frontend lists the served model, i.e. a worker registered it.
@@ -147,9 +144,7 @@ class DynamoAdapter(EngineServer):
             await super().stop()
         finally:
             await self.worker_process.stop()
-            if self._kv_dir is not None:
-                shutil.rmtree(self._kv_dir, ignore_errors=True)
-                self._kv_dir = None
+            self.remove_run_dir()  # the discovery folder, once the worker that writes to it is gone
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()

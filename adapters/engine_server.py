@@ -33,19 +33,24 @@ class EngineServer(ServerAdapter):
             self.config_error = str(exc)
             self.launch_options = LaunchOptions()
 
-    def run_dir(self) -> Path:
-        """A private folder for the config files an engine is launched with; removed on stop."""
+    def run_dir(self, sub: str = "") -> Path:
+        """A private folder (or a folder `sub` in it) for what an engine is launched with; removed on stop."""
         if self._run_dir is None:
             self._run_dir = Path(tempfile.mkdtemp(prefix=f"enginegate-{self.engine}-"))
-        return self._run_dir
+        path = self._run_dir / sub if sub else self._run_dir
+        path.mkdir(exist_ok=True)
+        return path
+
+    def remove_run_dir(self) -> None:
+        if self._run_dir is not None:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            self._run_dir = None
 
     async def stop(self) -> None:
         try:
             await super().stop()
         finally:
-            if self._run_dir is not None:
-                shutil.rmtree(self._run_dir, ignore_errors=True)
-                self._run_dir = None
+            self.remove_run_dir()
 
     def command(self, endpoint: Endpoint) -> Launch:
         """The engine's command line for this endpoint (the spec's, without extra_args/env)."""

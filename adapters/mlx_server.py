@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
 from adapters.base import Capabilities, RequestContext
-from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
 from adapters.launch import LaunchOptions
 from adapters.mlx import INSTALL_HINT
@@ -36,16 +34,10 @@ def mlx_server_argv(model_path: str, opts: LaunchOptions, endpoint: Endpoint, ma
 
 class MLXServerAdapter(EngineServer):
 
-    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
-        super().__init__(config, spec)
-        self._hf_home: Path | None = None
-
     def mlx_server(self, endpoint: Endpoint) -> Launch:
         env: dict[str, str] = {}
         if "HF_HOME" not in os.environ and not (Path.home() / ".cache" / "huggingface").is_dir():
-            if self._hf_home is None:
-                self._hf_home = Path(tempfile.mkdtemp(prefix="enginegate-mlx-hf-"))
-            env["HF_HOME"] = str(self._hf_home)
+            env["HF_HOME"] = str(self.run_dir("hf-home"))
         max_tokens = self.options.get("max_tokens")
         return Launch(mlx_server_argv(self.model_path, self.launch_options, endpoint, max_tokens), env)
 
@@ -57,14 +49,6 @@ class MLXServerAdapter(EngineServer):
         except Exception:  # noqa: BLE001 - anything but a completion means not ready yet
             return False
         return True
-
-    async def stop(self) -> None:
-        try:
-            await super().stop()
-        finally:
-            if self._hf_home is not None:
-                shutil.rmtree(self._hf_home, ignore_errors=True)
-                self._hf_home = None
 
 
 def _mlx_server(adapter: EngineServer, endpoint: Endpoint) -> Launch:

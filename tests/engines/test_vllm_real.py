@@ -27,7 +27,8 @@ import httpx
 import openai
 import pytest
 
-from adapters.vllm import VllmAdapter
+from adapters.engine_server import EngineServer
+from adapters.process import Endpoint
 from gateway.config import ModelConfig, Settings
 from gateway.runtime import Runtime
 from tests.engines.harness import running_gateway
@@ -57,6 +58,7 @@ def test_vllm_cpu_through_the_gateway(tmp_path: Path) -> None:
     options = {
         "python": python,
         "context_length": 256,
+        "gpu_memory_fraction": 0.05,  # the user's setting, not the plan's 0.9 (on CPU: a share of RAM)
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu"},
         "extra_args": ["--enforce-eager", "--max-num-seqs", "4"],
         "log_dir": str(tmp_path / "logs"),
@@ -64,7 +66,9 @@ def test_vllm_cpu_through_the_gateway(tmp_path: Path) -> None:
     settings = Settings(models=(ModelConfig(source=str(model), name=SERVED, engine="vllm", options=options),))
     runtime = Runtime.build(settings)
     adapter = next(iter(runtime.models)).adapter
-    assert isinstance(adapter, VllmAdapter)
+    assert isinstance(adapter, EngineServer) and adapter.engine == "vllm"
+    argv = adapter.launch(Endpoint("127.0.0.1", 1, "")).argv
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.05"
     with running_gateway(settings, runtime) as base_url:
         pid = adapter.process.pid
         client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)

@@ -30,7 +30,7 @@ from gateway.modelsource import embedded_model_path
 from adapters.process import free_port
 from gateway.api import engines as engines_api
 from gateway.app import create_app
-from gateway.config import ModelConfig, Settings
+from gateway.config import Settings
 from gateway.routing import Admission, Backend, ModelRegistry
 from gateway.runtime import Runtime
 
