@@ -166,10 +166,6 @@ class LlamaCppAdapter(Adapter):
     # -- request translation ----------------------------------------------------------------
 
     def _sampling(self, body: dict[str, Any]) -> dict[str, Any]:
-        if (body.get("n") or 1) > 1:
-            raise UnsupportedError("n > 1 is not supported by the llamacpp engine: send n separate requests", "n")
-        if body.get("logprobs") or body.get("top_logprobs"):
-            raise UnsupportedError("logprobs are not supported by the in-process llamacpp engine", "logprobs")
         kwargs: dict[str, Any] = {k: body[k] for k in (*SAMPLING_FIELDS, *EXTRA_FIELDS) if body.get(k) is not None}
         kwargs.setdefault("temperature", OPENAI_DEFAULT_TEMPERATURE)
         kwargs.setdefault("top_p", OPENAI_DEFAULT_TOP_P)

@@ -98,6 +98,8 @@ class Runtime:
             why = plan.summary() if plan is not None else b.engine
             lines.append(f"  model:  {b.model_id} <- {b.info.get('path', '?')}")
             lines.append(f"  engine: {why}")
+            for override in plan.overridden if plan is not None else ():
+                lines.append(f"  user:   {override.describe()}")
             for warning in plan.warnings if plan is not None else ():
                 lines.append(f"  note:   {warning}")
         lines.append(f"  listen: http://{host}:{port}/v1  (OpenAI-compatible; metrics at /metrics)")

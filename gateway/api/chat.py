@@ -5,7 +5,7 @@ from starlette.responses import Response
 
 from gateway.api.errors import APIError
 from gateway.api.protocol import ChatCompletionRequest
-from gateway.api.serving import generate, parse_body, resolve_backend
+from gateway.api.serving import generate, parse_body, require, resolve_backend
 
 router = APIRouter()
 
@@ -14,13 +14,8 @@ router = APIRouter()
 async def chat_completions(request: Request) -> Response:
     parsed, body = await parse_body(request, ChatCompletionRequest)
     backend = resolve_backend(request, parsed.model, "chat")
-    caps = backend.adapter.capabilities
-    if (parsed.n or 1) > 1 and not caps.n_choices:
-        raise APIError(400, f"n > 1 is not supported by the {backend.engine} engine; send n separate requests", param="n")
-    if parsed.tools and not caps.tools:
-        raise APIError(400, f"tools are not supported by the {backend.engine} engine", param="tools")
-    if parsed.response_format and parsed.response_format.type != "text" and not caps.structured_output:
-        raise APIError(400, f"response_format is not supported by the {backend.engine} engine", param="response_format")
+    require(backend, n=parsed.n, tools=bool(parsed.tools), logprobs=bool(body.get("logprobs") or body.get("top_logprobs")),
+            response_format=parsed.response_format.type if parsed.response_format else None)
     if parsed.response_format and parsed.response_format.type == "json_schema":
         schema = (parsed.response_format.json_schema or {}).get("schema")
         if not isinstance(schema, dict):

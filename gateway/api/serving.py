@@ -84,6 +84,20 @@ def resolve_backend(request: Request, model: str, operation: Operation) -> Backe
     return backend
 
 
+def require(backend: Backend, *, n: int | None = None, tools: bool = False, response_format: str | None = None,
+            logprobs: bool = False) -> None:
+    """What the request asks for against the engine's capabilities: checked here, once, for every route."""
+    caps, engine = backend.adapter.capabilities, backend.engine
+    if (n or 1) > 1 and not caps.n_choices:
+        raise APIError(400, f"n > 1 is not supported by the {engine} engine; send n separate requests", param="n")
+    if logprobs and not caps.logprobs:
+        raise APIError(400, f"logprobs are not supported by the {engine} engine", param="logprobs")
+    if tools and not caps.tools:
+        raise APIError(400, f"tools are not supported by the {engine} engine", param="tools")
+    if response_format not in (None, "text") and not caps.structured_output:
+        raise APIError(400, f"response_format is not supported by the {engine} engine", param="response_format")
+
+
 async def admit(request: Request, backend: Backend) -> float:
     """Wait for a free engine slot; returns the time waited. A full queue answers 429."""
     m = metrics(request)

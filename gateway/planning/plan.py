@@ -293,7 +293,7 @@ def plan(
             engine=requested_engine,
             rank=0,
             rule="requested",
-            because=f"engine {requested_engine!r} set in the model's config",
+            because=f"engine {mode or requested_engine!r} set in the model's config",
         )
         for v in violations(requested_engine, book.engines[requested_engine], profile, check):
             install = registry.spec(mode).install_hint if mode and v.constraint == "installed" else v.install
