@@ -358,6 +358,7 @@ SPEC = EngineSpec(
     accelerators=("apple", "none", "nvidia"),  # Apple Silicon, or the CPU / CUDA builds of MLX
     formats=("mlx", "bf16", "fp16"),
     needs_fast_memory=False,
+    tensor_parallel=False,
     install_hint=INSTALL_HINT,
     python_modules=("mlx", "mlx_lm"),
     layout_options=lambda lay: {"context_length": lay.context_length},

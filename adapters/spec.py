@@ -104,6 +104,10 @@ class EngineSpec:
     min_compute_capability: float | None = None
     needs_fast_memory: bool = True
     """Weights and KV cache must fit in GPU (or unified) memory."""
+    tensor_parallel: bool = True
+    """Splits a layer's tensors across GPUs; False: several GPUs run as a pipeline of layers (llama.cpp, MLX)."""
+    partial_offload: bool = False
+    """Runs the layers that fit on the GPU and the rest from RAM (llama.cpp's -ngl)."""
     install_hint: str = ""
     python_modules: tuple[str, ...] = ()
     programs: tuple[str, ...] = ()

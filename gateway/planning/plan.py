@@ -140,12 +140,13 @@ def _layout(
 ) -> Layout:
     gpus = pool.devices if pool.kind == "vram" else 0
     tp, pp = (gpus, 1) if pool.linked else (1, gpus)
-    if engine in ("llamacpp", "mlx"):
+    facts = registry.spec(engine)
+    if not facts.tensor_parallel:
         tp, pp = 1, max(gpus, 1)
     gpu_layers = 0
     if pool.kind in ("vram", "unified") and fit == "fast":
         gpu_layers = -1
-    elif fit != "fast" and engine == "llamacpp" and spec.layers and spec.weight_bytes:
+    elif fit != "fast" and facts.partial_offload and spec.layers and spec.weight_bytes:
         fast = fast_pools(s)
         if fast:
             room = fast[-1].usable_bytes - kv_bytes(spec, context, w.kv_dtype) * w.concurrency
@@ -217,7 +218,7 @@ def _explain(
     if lay.gpus > 1:
         if lay.tensor_parallel > 1:
             reasons.append(f"the {lay.gpus} GPUs are joined by NVLink: tensor parallel across {lay.tensor_parallel}")
-        elif engine not in ("llamacpp", "mlx"):
+        elif registry.spec(engine).tensor_parallel:
             reasons.append(
                 f"no NVLink between the {lay.gpus} GPUs: "
                 f"pipeline parallel ({lay.pipeline_parallel} stages) rather than tensor parallel"
