@@ -66,5 +66,5 @@ SPEC = EngineSpec(
     default_concurrency=64,
     container_image=None,  # Apple silicon (Metal) only: no container runs it
     server=ServerSpec(command=_mlx_server, ready_path=None, metrics_path=None, uses_api_key=False,
-                      upstream_model="default_model"),
+                      upstream_model=lambda config: "default_model"),
 )

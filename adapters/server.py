@@ -74,7 +74,7 @@ class ServerAdapter(Adapter):
         self.config = config
         self.options = dict(config.options)
         self.served = config.served
-        self.upstream_model = self.server.upstream_model
+        self.upstream_model = self.server.upstream_model(config) if self.server.upstream_model else None
         self.relay = Relay(self.engine, timeouts_from(self.options))
         self.ready_wait = float(self.options.get("ready_wait", 60.0))
         self.process = self._new_process(self.launch, role="")

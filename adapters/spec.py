@@ -87,8 +87,8 @@ class ServerSpec:
     metrics_map: Mapping[str, str] = field(default_factory=dict)
     """`EngineStats` field -> the engine's own Prometheus metric name."""
     uses_api_key: bool = True
-    upstream_model: str | None = None
-    """The id sent upstream where the engine cannot be told the served name."""
+    upstream_model: Callable[[EngineConfig], str] | None = None
+    """The id sent upstream where the engine cannot be told the served name (None: the served name)."""
     startup_timeout: float = 300.0
 
 

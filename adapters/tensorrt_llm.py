@@ -18,7 +18,6 @@ from typing import Any
 import yaml
 
 from adapters.base import Capabilities
-from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
 from adapters.launch import LaunchOptions, flag, flag_if_not_default, server_layout_options
 from adapters.process import Endpoint, Launch
@@ -78,17 +77,9 @@ def trtllm_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
     return Launch(trtllm_argv(adapter.model_path, adapter.launch_options, endpoint, backend, extra_file))
 
 
-class TensorRTLLMAdapter(EngineServer):
-    """The engine's model id is the model directory's basename: that is what goes upstream."""
-
-    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
-        super().__init__(config, spec)
-        self.upstream_model = Path(self.model_path).name
-
-
 SPEC = EngineSpec(
     name="tensorrt_llm",
-    adapter=TensorRTLLMAdapter,
+    adapter=EngineServer,
     capabilities=Capabilities(
         chat=True, completions=True, embeddings=False, tools=True, structured_output=True, n_choices=True, logprobs=True,
     ),
@@ -107,6 +98,7 @@ SPEC = EngineSpec(
         metrics_path="/prometheus/metrics",
         metrics_map=METRICS,
         uses_api_key=False,
+        upstream_model=lambda config: Path(config.source).name,  # trtllm-serve names the model by its directory
         startup_timeout=1800.0,  # the tensorrt backend builds engines on first start
     ),
 )

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 from adapters import registry
@@ -57,7 +57,7 @@ class Runtime:
             engine = registry.spec(plan.engine if plan is not None else config.engine)
             adapter_config = engine_config(config, engine, plan.options if plan is not None else {},
                                            source=str(resolved.path), name=model_id)
-            adapter = engine.create(adapter_config)
+            adapter = _create(engine, adapter_config)
             aliases = tuple(config.aliases) + ((resolved.path.stem,) if resolved.path.stem != model_id else ())
             if index == 0:
                 aliases += ("default",)
@@ -110,7 +110,7 @@ def _remote_backend(config: ModelConfig, engine: EngineSpec, first: bool) -> Bac
     """A model served elsewhere (engine: openai): nothing to resolve or plan here."""
     model_id = config.name or config.source
     adapter_config = engine_config(config, engine, {}, source=config.source, name=model_id)
-    adapter = engine.create(adapter_config)
+    adapter = _create(engine, adapter_config)
     concurrency = int(adapter_config.options.get("max_concurrency", engine.default_concurrency))
     aliases = tuple(config.aliases) + (("default",) if first else ())
     return Backend(
@@ -124,7 +124,14 @@ def _remote_backend(config: ModelConfig, engine: EngineSpec, first: bool) -> Bac
 
 
 class PlanningError(Exception):
-    """No engine can serve the model here; the message says why."""
+    """No engine can serve the model here (or its engine cannot take its options); the message says why."""
+
+
+def _create(engine: EngineSpec, config: EngineConfig) -> Adapter:
+    try:
+        return engine.create(config)
+    except ValueError as exc:  # an option the adapter cannot take (e.g. engine openai without base_url)
+        raise PlanningError(f"model {config.served!r} ({engine.name}): {exc}") from exc
 
 
 def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str) -> Plan | None:
