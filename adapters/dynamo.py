@@ -21,7 +21,7 @@ from adapters import sglang, vllm
 from adapters.base import Capabilities, EngineError
 from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
-from adapters.launch import SERVER_KV_DTYPE, LaunchConfigError, LaunchOptions, flag, flag_if_not_default, server_layout_options, strings
+from adapters.launch import LaunchConfigError, LaunchOptions, flag, flag_if_not_default, kv_layout_options, strings
 from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState
 from adapters.spec import EngineSpec, Layout, ServerSpec
 
@@ -72,8 +72,7 @@ def worker_argv(worker: str, model_path: str, served: str, opts: LaunchOptions, 
 
 
 def layout_options(lay: Layout) -> dict[str, Any]:
-    return {**server_layout_options(lay), "worker": "vllm", "kv_cache_dtype": SERVER_KV_DTYPE[lay.kv_dtype],
-            "router_mode": "kv" if lay.shared_prefix else "round-robin"}
+    return {**kv_layout_options(lay), "worker": "vllm", "router_mode": "kv" if lay.shared_prefix else "round-robin"}
 
 
 IMAGES: Mapping[str, str] = {
@@ -103,7 +102,8 @@ class DynamoAdapter(EngineServer):
             return {}
         return {"DYN_FILE_KV": str(self.run_dir("discovery"))}
 
-    def frontend(self, endpoint: Endpoint) -> Launch:
+    def command(self, endpoint: Endpoint) -> Launch:
+        """The frontend, the process the gateway relays to."""
         return Launch(frontend_argv(self.launch_options, endpoint, self.discovery, self.router_mode), self._env())
 
     def launch_worker(self, endpoint: Endpoint) -> Launch:
@@ -152,11 +152,6 @@ class DynamoAdapter(EngineServer):
         return info
 
 
-def _frontend(adapter: EngineServer, endpoint: Endpoint) -> Launch:
-    assert isinstance(adapter, DynamoAdapter)
-    return adapter.frontend(endpoint)
-
-
 SPEC = EngineSpec(
     name="dynamo",
     adapter=DynamoAdapter,
@@ -170,5 +165,5 @@ SPEC = EngineSpec(
     layout_options=layout_options,
     default_concurrency=64,
     container_image=IMAGES["vllm"],
-    server=ServerSpec(command=_frontend, ready_path=None, metrics_map=METRICS, uses_api_key=False, startup_timeout=900.0),
+    server=ServerSpec(ready_path=None, metrics_map=METRICS, uses_api_key=False, startup_timeout=900.0),
 )

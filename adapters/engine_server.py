@@ -54,6 +54,8 @@ class EngineServer(ServerAdapter):
 
     def command(self, endpoint: Endpoint) -> Launch:
         """The engine's command line for this endpoint (the spec's, without extra_args/env)."""
+        if self.server.command is None:
+            raise NotImplementedError(f"engine {self.engine!r} declares no launch command")
         return self.server.command(self, endpoint)
 
     def launch(self, endpoint: Endpoint) -> Launch:

@@ -101,7 +101,7 @@ class TabbyAdapter(EngineServer):
                 503, "unsupported_hardware",
             )
 
-    def tabby(self, endpoint: Endpoint) -> Launch:
+    def command(self, endpoint: Endpoint) -> Launch:
         run_dir = self.run_dir()
         config = tabby_config(self.model_path, self.served, self.launch_options, endpoint, self.backend)
         config_file = run_dir / "config.yml"
@@ -115,13 +115,8 @@ class TabbyAdapter(EngineServer):
         return Launch([*program, "--config", str(config_file)], cwd=str(run_dir))
 
 
-def _tabby(adapter: EngineServer, endpoint: Endpoint) -> Launch:
-    assert isinstance(adapter, TabbyAdapter)
-    return adapter.tabby(endpoint)
-
-
 def layout_options(lay: Layout) -> dict[str, Any]:
-    return {**server_layout_options(lay), "kv_cache_dtype": EXLLAMA_KV_DTYPE[lay.kv_dtype]}
+    return server_layout_options(lay, EXLLAMA_KV_DTYPE)
 
 
 def _compute_capability(value: Any) -> tuple[int, int] | None:
@@ -134,7 +129,7 @@ def _compute_capability(value: Any) -> tuple[int, int] | None:
     return int(major), int(minor or 0)
 
 
-_TABBY = ServerSpec(command=_tabby, ready_path="/health", metrics_path=None, startup_timeout=900.0)
+_TABBY = ServerSpec(ready_path="/health", metrics_path=None, startup_timeout=900.0)
 
 EXLLAMAV3 = EngineSpec(
     name="exllamav3",

@@ -136,12 +136,21 @@ SERVER_KV_DTYPE = {"fp16": "auto", "bf16": "auto", "fp8": "fp8", "q8_0": "fp8", 
 """The planner's KV dtype in vLLM's, SGLang's and Dynamo's `--kv-cache-dtype` names."""
 
 
-def server_layout_options(lay: Layout) -> dict[str, Any]:
-    """A planned layout in the options above (the ones every server engine reads)."""
-    return {
+def server_layout_options(lay: Layout, kv_dtypes: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A planned layout in the options above (the ones every server engine reads); `kv_dtypes` maps the
+    planner's KV dtype to the engine's `kv_cache_dtype` (None: the engine takes no KV dtype option)."""
+    options: dict[str, Any] = {
         "context_length": lay.context_length,
         "tensor_parallel": lay.tensor_parallel,
         "pipeline_parallel": lay.pipeline_parallel,
         "gpu_memory_fraction": lay.gpu_memory_fraction,
         "max_concurrency": lay.concurrency,
     }
+    if kv_dtypes is not None:
+        options["kv_cache_dtype"] = kv_dtypes[lay.kv_dtype]
+    return options
+
+
+def kv_layout_options(lay: Layout) -> dict[str, Any]:
+    """vLLM's and SGLang's: the server options with `--kv-cache-dtype` in their names."""
+    return server_layout_options(lay, SERVER_KV_DTYPE)

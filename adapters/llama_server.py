@@ -155,7 +155,6 @@ SPEC = EngineSpec(
     plans_as="llamacpp",
     default_concurrency=64,
     server=ServerSpec(
-        command=lambda adapter, endpoint: adapter.launch(endpoint),
         ready_path="/health",  # llama-server binds before loading: 503 while loading, 200 once it serves
         metrics_map={
             "requests_running": "llamacpp:requests_processing",

@@ -34,7 +34,7 @@ def mlx_server_argv(model_path: str, opts: LaunchOptions, endpoint: Endpoint, ma
 
 class MLXServerAdapter(EngineServer):
 
-    def mlx_server(self, endpoint: Endpoint) -> Launch:
+    def command(self, endpoint: Endpoint) -> Launch:
         env: dict[str, str] = {}
         if "HF_HOME" not in os.environ and not (Path.home() / ".cache" / "huggingface").is_dir():
             env["HF_HOME"] = str(self.run_dir("hf-home"))
@@ -51,11 +51,6 @@ class MLXServerAdapter(EngineServer):
         return True
 
 
-def _mlx_server(adapter: EngineServer, endpoint: Endpoint) -> Launch:
-    assert isinstance(adapter, MLXServerAdapter)
-    return adapter.mlx_server(endpoint)
-
-
 SPEC = EngineSpec(
     name="mlx_server",
     adapter=MLXServerAdapter,
@@ -65,6 +60,6 @@ SPEC = EngineSpec(
     plans_as="mlx",
     default_concurrency=64,
     container_image=None,  # Apple silicon (Metal) only: no container runs it
-    server=ServerSpec(command=_mlx_server, ready_path=None, metrics_path=None, uses_api_key=False,
+    server=ServerSpec(ready_path=None, metrics_path=None, uses_api_key=False,
                       upstream_model=lambda config: "default_model"),
 )

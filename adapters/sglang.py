@@ -10,13 +10,12 @@ at node 0's `--dist-init-addr`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from adapters.base import Capabilities
 from adapters.engine_server import EngineServer
-from adapters.launch import SERVER_KV_DTYPE, LaunchOptions, flag, flag_if_not_default, server_layout_options
+from adapters.launch import LaunchOptions, flag, flag_if_not_default, kv_layout_options
 from adapters.process import Endpoint, Launch
-from adapters.spec import EngineSpec, Layout, ServerSpec
+from adapters.spec import EngineSpec, ServerSpec
 
 MODULE = "sglang.launch_server"
 METRICS: Mapping[str, str] = {
@@ -59,10 +58,6 @@ def sglang_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
     return Launch(sglang_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint))
 
 
-def layout_options(lay: Layout) -> dict[str, Any]:
-    return {**server_layout_options(lay), "kv_cache_dtype": SERVER_KV_DTYPE[lay.kv_dtype]}
-
-
 SPEC = EngineSpec(
     name="sglang",
     adapter=EngineServer,
@@ -74,7 +69,7 @@ SPEC = EngineSpec(
     min_compute_capability=7.5,
     install_hint="pip install 'sglang[all]'  (NVIDIA GPU; see docs.sglang.ai for ROCm and CPU builds)",
     python_modules=("sglang",),
-    layout_options=layout_options,
+    layout_options=kv_layout_options,
     default_concurrency=64,
     container_image="lmsysorg/sglang:latest",
     server=ServerSpec(command=sglang_command, ready_path="/health_generate", metrics_map=METRICS, startup_timeout=900.0),

@@ -79,8 +79,9 @@ def missing_package(spec: EngineSpec, options: Mapping[str, Any]) -> str | None:
 class ServerSpec:
     """An engine that is an OpenAI-compatible server of its own, launched and supervised."""
 
-    command: Callable[[EngineServer, Endpoint], Launch]
-    """Its command line for one endpoint (pure, but for writing config files into the run dir)."""
+    command: Callable[[EngineServer, Endpoint], Launch] | None = None
+    """Its command line for one endpoint (pure, but for writing config files into the run dir);
+    None: the engine's adapter class overrides `command` (engines with state of their own)."""
     ready_path: str | None = "/health"
     """Readiness: this path answers 200; None: the engine's /v1/models lists a model."""
     metrics_path: str | None = "/metrics"

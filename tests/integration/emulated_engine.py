@@ -41,7 +41,6 @@ SPEC = EngineSpec(
     capabilities=Capabilities(embeddings=True),
     default_concurrency=64,
     server=ServerSpec(
-        command=lambda adapter, endpoint: adapter.launch(endpoint),
         ready_path=None,
         metrics_map={
             "requests_running": "llamacpp:requests_processing",
