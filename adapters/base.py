@@ -11,7 +11,10 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from adapters.spec import EngineSpec
 
 Operation = Literal["chat", "completions", "embeddings"]
 
@@ -159,6 +162,13 @@ class Adapter(abc.ABC):
     that batch (servers) take many; an in-process model instance generates one at a time."""
     container_image: str | None = None
     """The engine's official container image, for deploy/ (None: the engine runs in the gateway's own)."""
+
+    def declare(self, spec: EngineSpec) -> None:
+        """Take the engine's declared facts (name, capabilities, concurrency, image) from its spec."""
+        self.engine = spec.name
+        self.capabilities = spec.capabilities
+        self.default_concurrency = spec.default_concurrency
+        self.container_image = spec.container_image
 
     @abc.abstractmethod
     async def start(self) -> None: ...

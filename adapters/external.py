@@ -58,9 +58,7 @@ def _api_key(options: Mapping[str, Any]) -> str | None:
 
 class ExternalAdapter(Adapter):
     def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
-        self.engine = spec.name
-        self.capabilities = spec.capabilities
-        self.default_concurrency = spec.default_concurrency
+        self.declare(spec)
         self.options = dict(config.options)
         self.served = config.served
         headers = self.options.get("headers", {})

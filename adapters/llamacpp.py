@@ -78,9 +78,7 @@ class _TokenCounter:
 
 class LlamaCppAdapter(Adapter):
     def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
-        self.engine = spec.name
-        self.capabilities = spec.capabilities
-        self.default_concurrency = spec.default_concurrency
+        self.declare(spec)
         self.config = config
         options = config.options
         self.path = config.source

@@ -85,9 +85,7 @@ class _Request:
 
 class MLXAdapter(Adapter):
     def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
-        self.engine = spec.name
-        self.capabilities = spec.capabilities
-        self.default_concurrency = spec.default_concurrency
+        self.declare(spec)
         self.config = config
         self.path = config.source
         self.context_length = config.options.get("context_length")

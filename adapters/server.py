@@ -67,10 +67,7 @@ class ServerAdapter(Adapter):
             raise TypeError(f"engine {spec.name!r} declares no server: it cannot run as a ServerAdapter")
         self.spec = spec
         self.server: ServerSpec = spec.server
-        self.engine = spec.name
-        self.capabilities = spec.capabilities
-        self.default_concurrency = spec.default_concurrency
-        self.container_image = spec.container_image
+        self.declare(spec)
         self.config = config
         self.options = dict(config.options)
         self.served = config.served
