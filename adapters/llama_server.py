@@ -14,13 +14,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from adapters import llamacpp
 from adapters.base import Capabilities, Completion, EngineError, RequestContext
 from adapters.config import EngineConfig
 from adapters.launch import LaunchConfigError, strings
 from adapters.paths import bin_dir
 from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState
 from adapters.server import ROUTES, ServerAdapter
-from adapters.spec import EngineSpec, ServerSpec
+from adapters.spec import EngineSpec, Layout, ServerSpec
 
 BINARY = "llama-server"
 KV_CACHE_TYPES = frozenset({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
@@ -144,6 +145,18 @@ class LlamaServerAdapter(ServerAdapter):
         return info
 
 
+KV_CACHE_TYPE = {"fp16": "f16", "bf16": "bf16", "fp8": "q8_0", "q8_0": "q8_0", "q4_0": "q4_0"}
+"""The planner's KV dtype in llama.cpp's cache types (-ctk/-ctv)."""
+
+
+def layout_options(lay: Layout) -> dict[str, Any]:
+    """In-process llama.cpp's options, plus what only the server reads (KV cache type, GPU split)."""
+    options = {**llamacpp.layout_options(lay), "kv_cache_type": KV_CACHE_TYPE[lay.kv_dtype]}
+    if lay.gpus > 1:
+        options["split_mode"] = "layer"  # llama.cpp splits by layers across GPUs (a pipeline), never tensor parallel
+    return options
+
+
 SPEC = EngineSpec(
     name="llama_server",
     adapter=LlamaServerAdapter,
@@ -153,6 +166,7 @@ SPEC = EngineSpec(
     install_hint="enginegate engines install llama-server",
     missing=missing_binary,
     plans_as="llamacpp",
+    layout_options=layout_options,
     default_concurrency=64,
     server=ServerSpec(
         ready_path="/health",  # llama-server binds before loading: 503 while loading, 200 once it serves

@@ -412,21 +412,10 @@ def _prompts(prompt: Any) -> list[Any]:
 
 
 
-KV_CACHE_TYPE = {"fp16": "f16", "bf16": "bf16", "fp8": "q8_0", "q8_0": "q8_0", "q4_0": "q4_0"}
-"""The planner's KV dtype in llama.cpp's cache types (-ctk/-ctv)."""
-
-
 def layout_options(lay: Layout) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "context_length": lay.context_length,
-        "threads": lay.threads,
-        "gpu_layers": lay.gpu_layers,
-        "parallel": lay.concurrency,
-        "kv_cache_type": KV_CACHE_TYPE[lay.kv_dtype],
-    }
-    if lay.gpus > 1:
-        options["split_mode"] = "layer"  # llama.cpp splits by layers across GPUs (a pipeline), never tensor parallel
-    return options
+    """What the in-process engine reads (`parallel`: the requests the gateway lets through at once)."""
+    return {"context_length": lay.context_length, "threads": lay.threads, "gpu_layers": lay.gpu_layers,
+            "parallel": lay.concurrency}
 
 
 SPEC = EngineSpec(

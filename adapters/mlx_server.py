@@ -58,6 +58,7 @@ SPEC = EngineSpec(
     install_hint=INSTALL_HINT,
     python_modules=("mlx_lm",),
     plans_as="mlx",
+    layout_options=lambda lay: {},  # mlx_lm.server takes no context or memory flag
     default_concurrency=64,
     container_image=None,  # Apple silicon (Metal) only: no container runs it
     server=ServerSpec(ready_path=None, metrics_path=None, uses_api_key=False,

@@ -332,7 +332,7 @@ def plan(
         reasons.append("llama.cpp runs as llama-server, its own process: concurrent requests share its slots")
     return Plan(
         engine=mode or chosen.engine,
-        options=engine_options(chosen.engine, lay),
+        options=engine_options(mode or chosen.engine, lay),
         rule=chosen.rule,
         reasons=tuple(reasons),
         warnings=tuple(warnings),

@@ -236,7 +236,9 @@ def test_llama_server_is_planned_as_llamacpp_and_served_by_its_own_adapter() -> 
     in_process = plan(host("build-machine"), model("smollm2"), requested_engine="llamacpp", installed=ALL)
     served = plan(host("build-machine"), model("smollm2"), requested_engine="llama_server", installed=ALL)
     assert served.engine == "llama_server"
-    assert served.options == in_process.options and {"threads", "parallel", "context_length"} <= set(served.options)
+    assert {"threads", "parallel", "context_length"} <= set(in_process.options)
+    # the server's options are the in-process engine's plus what only llama-server reads
+    assert served.options == {**in_process.options, "kv_cache_type": "f16"}
     assert any("runs as llama-server" in r for r in served.reasons)
 
 
