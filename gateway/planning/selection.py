@@ -41,8 +41,9 @@ class EngineNeeds(BaseModel):
 def registry_engines() -> dict[str, dict[str, Any]]:
     """Every engine the planner can choose: those whose spec maps a planned layout to options (an engine that
     is a mode of another, `plans_as`, is planned as that one)."""
-    return {s.name: EngineNeeds.of(s).model_dump() for s in registry.specs()
-            if s.layout_options is not None and s.plans_as is None}
+    plannable = [s for s in registry.specs() if s.layout_options is not None and s.plans_as is None]
+    plannable.sort(key=lambda s: (ENGINES.index(s.name) if s.name in ENGINES else len(ENGINES), s.name))
+    return {s.name: EngineNeeds.of(s).model_dump() for s in plannable}
 
 
 class Rule(BaseModel):
