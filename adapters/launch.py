@@ -1,7 +1,8 @@
-"""The unified launch options every server engine understands, read once from model config + plan.
+"""The unified launch options every server engine understands, read once from the merged options.
 
 Each engine module turns a `LaunchOptions` into its own flags with a pure function (table-tested
-without the engine). Option names (in `ModelConfig.options` or the plan's options):
+without the engine). Option names (a model's `options` in the config, or the plan's; the config's
+value wins, see adapters/config.py):
 
     tensor_parallel, pipeline_parallel     sizes (1 = off)
     nodes, node_rank, master_addr, hosts   multi-node: how many machines, this one's rank, the
