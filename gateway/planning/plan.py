@@ -8,12 +8,23 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.hardware import HardwareSnapshot
-from gateway.planning.capacity import Capacity, MemoryPool, assess, kv_bytes, max_context
+from gateway.planning.capacity import (
+    Capacity,
+    KvSizing,
+    MemoryPool,
+    assess,
+    kv_bytes,
+    max_context,
+    paged_kv_bytes,
+)
+from gateway.planning.gpu_count import choose_gpus
 from gateway.planning.installed import Installed, is_installed
 from gateway.planning.options import Layout, engine_options
-from gateway.planning.pools import GPU_MEMORY_FRACTION, fast_pools, place, system_pool
+from gateway.planning.pools import GPU_MEMORY_FRACTION, fast_pools, host_gpus, place, system_pool
 from gateway.planning.selection import ENGINES, Candidate, Rejection, RuleBook, load_rules, rank, violations
 from gateway.planning.specs import ModelSpec
+from gateway.planning.speed import slow_warning
+from gateway.planning.unknowns import host_unknowns, model_unknowns
 from gateway.planning.workload import Accelerator, Interconnect, Profile, Workload, heaviness
 
 DEFAULT_CONTEXT = 4096
@@ -41,10 +52,12 @@ class Plan(BaseModel):
 class NoEngineError(ValueError):
     """No engine can serve this model on this host; the message lists every constraint that failed."""
 
-    def __init__(self, spec: ModelSpec, rejected: list[Rejection]) -> None:
+    def __init__(self, spec: ModelSpec, rejected: list[Rejection], figures: str = "") -> None:
         self.rejected = rejected
+        self.figures = figures
         lines = "; ".join(f"{r.engine}: {r.detail}" for r in rejected)
-        super().__init__(f"no engine can serve {spec.path} ({spec.format}) on this host: {lines}")
+        memory = f" [memory: {figures}]" if figures else ""
+        super().__init__(f"no engine can serve {spec.path} ({spec.format}) on this host: {lines}{memory}")
 
 
 def _gb(n: float) -> str:
@@ -79,7 +92,7 @@ def _gpu_count(s: HardwareSnapshot) -> int:
     return len(s.amd.gpus) if s.amd else 0
 
 
-def _profile(s: HardwareSnapshot, spec: ModelSpec, w: Workload, fit: str, context: int) -> Profile:
+def _profile(s: HardwareSnapshot, spec: ModelSpec, w: Workload, fit: str, context: int, figures: str) -> Profile:
     gpus = s.nvidia.gpus if s.nvidia else ()
     ccs = [g.compute_capability[0] + g.compute_capability[1] / 10 for g in gpus if g.compute_capability]
     return Profile(
@@ -100,11 +113,12 @@ def _profile(s: HardwareSnapshot, spec: ModelSpec, w: Workload, fit: str, contex
         nodes=w.nodes,
         architecture=s.cpu.architecture,
         memory_gib=None if s.memory.total_bytes is None else s.memory.total_bytes / 2**30,
+        memory_figures=figures,
     )
 
 
-def _context(spec: ModelSpec, w: Workload, snapshot: HardwareSnapshot, reasons: list[str], warnings: list[str]) -> int:
-    """The target context: the workload's, else the trained one, capped to stay in fast memory."""
+def _target_context(spec: ModelSpec, w: Workload, warnings: list[str]) -> int:
+    """The workload's context, else the trained one (else DEFAULT_CONTEXT, with a warning)."""
     trained = spec.context_length
     if w.context_length is not None:
         if trained and w.context_length > trained:
@@ -113,27 +127,62 @@ def _context(spec: ModelSpec, w: Workload, snapshot: HardwareSnapshot, reasons: 
             )
         return w.context_length
     if trained is None:
-        warnings.append(f"the model does not state its trained context: using {DEFAULT_CONTEXT}")
+        warnings.append(f"the model does not state its trained context: assumed {DEFAULT_CONTEXT} tokens")
         return DEFAULT_CONTEXT
-    weights = spec.weight_bytes or 0
-    pools = fast_pools(snapshot) or [system_pool(snapshot)]
-    if weights + kv_bytes(spec, trained, w.kv_dtype) * w.concurrency <= pools[-1].usable_bytes:
-        return trained
-    fitting = max_context(spec, pools[-1].usable_bytes, weights, w.concurrency, w.kv_dtype, trained)
-    if fitting >= min(DEFAULT_CONTEXT, trained):
-        capped = fitting // 256 * 256
-        reasons.append(
-            f"context capped at {capped} of the trained {trained} tokens so {w.concurrency} sequence(s) fit in memory"
-        )
-        return capped
     return trained
 
 
+def _lowered(
+    spec: ModelSpec,
+    w: Workload,
+    context: int,
+    pool: MemoryPool,
+    sizing: KvSizing,
+    warnings: list[str],
+) -> int:
+    """The context, lowered (with a warning naming why) when the user left it open and it does not fit `pool`."""
+    weights = spec.weight_bytes or 0
+    typical = w.prompt_tokens + w.output_tokens
+    if w.context_length is not None or not pool.known or weights >= pool.usable_bytes:
+        return context
+    kv = (
+        paged_kv_bytes(spec, context, w.concurrency, typical, w.kv_dtype)
+        if sizing == "paged"
+        else kv_bytes(spec, context, w.kv_dtype) * w.concurrency
+    )
+    if weights + kv <= pool.usable_bytes:
+        return context
+    fitting = max_context(
+        spec, pool.usable_bytes, weights, w.concurrency, w.kv_dtype, context, typical if sizing == "paged" else None
+    )
+    if fitting < min(DEFAULT_CONTEXT, context):
+        return context
+    capped = fitting // 256 * 256
+    what = (
+        f"one sequence at {context} tokens (beside {w.concurrency} x {typical} typical) needs {_gb(kv)} of KV"
+        if sizing == "paged"
+        else f"{w.concurrency} sequence(s) x {context} tokens need {_gb(kv)} of KV"
+    )
+    where = f"{pool.devices} GPU(s)" if pool.kind == "vram" else f"{pool.kind} memory"
+    warnings.append(
+        f"context lowered from the trained {context} to {capped} tokens: {what}, but {where} hold "
+        f"{_gb(pool.usable_bytes - weights)} beside the {_gb(weights)} of weights (set context_length to choose)"
+    )
+    return capped
+
+
 def _layout(
-    engine: str, pool: MemoryPool, fit: str, spec: ModelSpec, w: Workload, s: HardwareSnapshot, context: int
+    engine: str,
+    pool: MemoryPool,
+    fit: str,
+    spec: ModelSpec,
+    w: Workload,
+    s: HardwareSnapshot,
+    context: int,
+    replicas: int = 1,
 ) -> Layout:
     gpus = pool.devices if pool.kind == "vram" else 0
-    tp, pp = (gpus, 1) if pool.linked else (1, gpus)
+    tp, pp = (pool.tensor_parallel, pool.pipeline_parallel) if gpus else (1, 1)
     if engine in ("llamacpp", "mlx"):
         tp, pp = 1, max(gpus, 1)
     gpu_layers = 0
@@ -141,8 +190,8 @@ def _layout(
         gpu_layers = -1
     elif fit != "fast" and engine == "llamacpp" and spec.layers and spec.weight_bytes:
         fast = fast_pools(s)
-        if fast:
-            room = fast[-1].usable_bytes - kv_bytes(spec, context, w.kv_dtype) * w.concurrency
+        if fast and fast[-1].known:
+            room = fast[-1].split_bytes - kv_bytes(spec, context, w.kv_dtype) * w.concurrency
             gpus = fast[-1].devices if fast[-1].kind == "vram" else 0
             gpu_layers = max(0, min(spec.layers, int(room // (spec.weight_bytes / spec.layers))))
             pp = max(gpus, 1)
@@ -157,6 +206,7 @@ def _layout(
         kv_dtype=w.kv_dtype,
         threads=_engine_threads(s),
         shared_prefix=w.shared_prefix,
+        data_parallel=replicas,
     )
 
 
@@ -171,13 +221,22 @@ def _engine_threads(s: HardwareSnapshot) -> int | None:
     return None if cores is None else max(1, cores - 1)
 
 
-def _capacity(spec: ModelSpec, pool: MemoryPool, fit: str, lay: Layout, w: Workload, s: HardwareSnapshot) -> Capacity:
+def _capacity(
+    spec: ModelSpec,
+    pool: MemoryPool,
+    fit: str,
+    lay: Layout,
+    w: Workload,
+    s: HardwareSnapshot,
+    sizing: KvSizing,
+) -> Capacity:
     common: dict[str, Any] = {
         "context_length": lay.context_length,
         "concurrency": w.concurrency,
         "kv_dtype": w.kv_dtype,
         "prompt_tokens": w.prompt_tokens,
         "output_tokens": w.output_tokens,
+        "sizing": sizing,
     }
     fast = fast_pools(s)
     if fit != "fast" and lay.gpu_layers > 0 and fast and spec.layers:
@@ -185,14 +244,13 @@ def _capacity(spec: ModelSpec, pool: MemoryPool, fit: str, lay: Layout, w: Workl
         partial = assess(spec, fast[-1], fit=fit, offload=(share_in_ram, s.cpu.measured_bandwidth_gbps), **common)  # type: ignore[arg-type]
         ram = assess(spec, pool, fit=fit, **common)  # type: ignore[arg-type]
         return ram.model_copy(update={"decode_tokens_per_s": partial.decode_tokens_per_s})
-    return assess(spec, pool, fit=fit, tensor_parallel=lay.tensor_parallel, **common)  # type: ignore[arg-type]
+    return assess(spec, pool, fit=fit, tensor_parallel=lay.tensor_parallel, replicas=lay.data_parallel, **common)  # type: ignore[arg-type]
 
 
 def _explain(
     engine: str,
     cap: Capacity,
     lay: Layout,
-    pool: MemoryPool,
     s: HardwareSnapshot,
     reasons: list[str],
     warnings: list[str],
@@ -203,15 +261,41 @@ def _explain(
         "system": "system RAM",
         "split": "GPU memory + system RAM",
     }[cap.memory]
+    usable = f"{_gb(cap.usable_bytes)} usable" if cap.memory_known else "size unknown: not checked"
+    kv_total = cap.required_bytes - cap.weights_bytes
+    if cap.kv_sizing == "paged":
+        per = f" per replica ({cap.replicas} replicas share {cap.concurrency})" if cap.replicas > 1 else ""
+        kv_text = (
+            f"paged KV {_gb(kv_total)} ({cap.sequence_tokens}-token typical sequences x concurrency, "
+            f"with room for one at {cap.context_length}, {cap.kv_dtype}){per}"
+        )
+    else:
+        kv_text = f"KV {_gb(kv_total)} ({cap.concurrency} x {cap.context_length} tokens reserved, {cap.kv_dtype})"
     reasons.append(
-        f"weights {_gb(cap.weights_bytes)} + KV {_gb(cap.kv_bytes_per_sequence * cap.concurrency)} "
-        f"({cap.concurrency} x {cap.context_length} tokens, {cap.kv_dtype}) = {_gb(cap.required_bytes)}; "
-        f"{'fits in' if cap.fit != 'none' else 'exceeds'} {where} ({_gb(cap.usable_bytes)} usable)"
+        f"weights {_gb(cap.weights_bytes)} + {kv_text} = {_gb(cap.required_bytes)}; "
+        f"{'fits in' if cap.fit != 'none' else 'exceeds'} {where} ({usable})"
     )
-    if lay.gpus > 1:
-        if lay.tensor_parallel > 1:
+    if cap.memory_known and cap.fit == "fast":
+        reasons.append(
+            f"KV room {_gb(cap.kv_pool_bytes)}: {cap.concurrency_at_typical} sequences at once of "
+            f"{cap.sequence_tokens} tokens (typical), {cap.concurrency_at_full} at the full {cap.context_length}"
+        )
+    if cap.gpus:
+        free = ", ".join(map(str, cap.free_gpus)) if cap.free_gpus else "none"
+        reasons.append(
+            f"GPUs {', '.join(map(str, cap.gpus))}: tensor parallel {lay.tensor_parallel} x pipeline "
+            f"{lay.pipeline_parallel}" + (f" x {cap.replicas} data-parallel replicas" if cap.replicas > 1 else "")
+            + f"; free GPUs: {free}"
+        )
+    if lay.gpus > 1 and engine not in ("llamacpp", "mlx"):
+        if lay.pipeline_parallel > 1 and lay.tensor_parallel > 1:
+            reasons.append(
+                f"NVLink joins groups of {lay.tensor_parallel} GPUs: tensor parallel inside each, "
+                f"pipeline ({lay.pipeline_parallel} stages) across them"
+            )
+        elif lay.tensor_parallel > 1:
             reasons.append(f"the {lay.gpus} GPUs are joined by NVLink: tensor parallel across {lay.tensor_parallel}")
-        elif engine not in ("llamacpp", "mlx"):
+        else:
             reasons.append(
                 f"no NVLink between the {lay.gpus} GPUs: "
                 f"pipeline parallel ({lay.pipeline_parallel} stages) rather than tensor parallel"
@@ -222,6 +306,11 @@ def _explain(
             f"decode at most ~{rate:.0f} tokens/s per sequence "
             f"({cap.bandwidth_gbps or 0:.0f} GB/s over {_gb(cap.bytes_per_token)} read per token: "
             f"weights + KV of {cap.sequence_tokens} tokens)"
+        )
+    if cap.aggregate_tokens_per_s is not None and cap.concurrency > 1:
+        reasons.append(
+            f"aggregate decode at most ~{cap.aggregate_tokens_per_s:.0f} tokens/s over {cap.concurrency} "
+            "concurrent sequences (one weight read per batched step; capped by compute at 50% of peak where known)"
         )
     if cap.prefill_seconds is not None:
         reasons.append(
@@ -241,17 +330,67 @@ def _explain(
         warnings.append(f"the model runs from system RAM: {speed}")
     elif cap.fit == "none":
         warnings.append(
-            f"the model does not fit in memory ({_gb(cap.required_bytes)} needed): "
+            f"the model does not fit in memory ({_gb(cap.required_bytes)} needed, {usable}): "
             "loading will fail or swap; use a smaller quantisation or context"
         )
-    if cap.fit == "fast" and cap.max_concurrency < cap.concurrency:
-        warnings.append(f"only {cap.max_concurrency} sequences of {cap.context_length} tokens fit at once")
+    if cap.fit == "fast" and cap.memory_known and cap.concurrency_at_typical < cap.concurrency:
+        warnings.append(
+            f"only {cap.concurrency_at_typical} sequences of {cap.sequence_tokens} tokens fit at once, "
+            f"not the {cap.concurrency} asked: the rest queue"
+        )
     if s.nvidia and any(g.mig_enabled for g in s.nvidia.gpus):
         warnings.append("MIG is enabled: engines see MIG slices, not whole GPUs, and memory figures above are per GPU")
 
 
 # Engines run in another mode of a planned engine: planned as that engine, served by this adapter.
 SERVED_AS: dict[str, str] = {"llama_server": "llamacpp", "mlx_server": "mlx"}
+RESERVED_KV = frozenset({"llamacpp", "mlx"})
+"""Engines that reserve each slot's full context up front; every other engine pages its KV cache."""
+
+
+def _sizing(engine: str) -> KvSizing:
+    return "reserved" if engine in RESERVED_KV else "paged"
+
+
+def _memory_figures(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, context: int, need: int) -> str:
+    """Needed against usable, and what would hold it: the numbers a "does not fit" carries."""
+    weights = spec.weight_bytes or 0
+    typical = w.prompt_tokens + w.output_tokens
+    text = (
+        f"needs {_gb(need)} (weights {_gb(weights)} + paged KV {_gb(need - weights)} for "
+        f"{w.concurrency} x {typical} tokens, one at {context})"
+    )
+    pools = fast_pools(snapshot)
+    ram = system_pool(snapshot)
+    have = []
+    if pools and pools[-1].kind == "vram":
+        gpus = host_gpus(snapshot)
+        have.append(f"{pools[-1].devices} GPU(s) {_gb(pools[-1].usable_bytes)} usable")
+        largest = max((g.memory_bytes or 0) for g in gpus)
+        if largest and need > pools[-1].usable_bytes:
+            per_gpu = largest * GPU_MEMORY_FRACTION
+            k = -(-need // int(per_gpu))
+            name = next(g.name for g in gpus if (g.memory_bytes or 0) == largest)
+            have.append(f"it would take {k} x {name}" + (" (more GPUs or nodes)" if k > len(gpus) else ""))
+    elif pools:
+        have.append(f"unified memory {_gb(pools[-1].usable_bytes)} usable")
+    have.append(f"RAM {_gb(ram.usable_bytes)} usable" if ram.known else "RAM unknown")
+    return f"{text}; {', '.join(have)}"
+
+
+def _choose_engine(
+    book: RuleBook, profile: Profile, ranked: list[Candidate], check: Installed
+) -> tuple[Candidate | None, list[Rejection], list[Candidate]]:
+    rejected: list[Rejection] = []
+    not_installed: list[Candidate] = []
+    for cand in ranked:
+        failed = violations(cand.engine, book.engines[cand.engine], profile, check)
+        if not failed:
+            return cand, rejected, not_installed
+        rejected += failed
+        if all(f.constraint == "installed" for f in failed):
+            not_installed.append(cand)
+    return None, rejected, not_installed
 
 
 def plan(
@@ -267,17 +406,26 @@ def plan(
     w = workload or Workload()
     check = installed or is_installed
     book = rules if isinstance(rules, RuleBook) else load_rules(rules)
-    if spec.weight_bytes is None:
+    weights = spec.weight_bytes
+    if weights is None:
         raise ValueError(f"{spec.path}: the weights' size is unknown, so capacity cannot be planned")
     reasons: list[str] = []
-    warnings: list[str] = []
-    context = _context(spec, w, snapshot, reasons, warnings)
-    required = spec.weight_bytes + kv_bytes(spec, context, w.kv_dtype) * w.concurrency
-    pool, fit = place(snapshot, required)
-    profile = _profile(snapshot, spec, w, fit, context)
+    warnings: list[str] = host_unknowns(snapshot) + model_unknowns(spec)
+    typical = w.prompt_tokens + w.output_tokens
+    pools = fast_pools(snapshot)
+
+    # Fit as a paged engine would use memory: this is the fit the rules and hard constraints read.
+    trained_or_set = _target_context(spec, w, warnings)
+    paged_warnings: list[str] = []
+    context = _lowered(spec, w, trained_or_set, pools[-1], "paged", paged_warnings) if pools else trained_or_set
+    need = weights + paged_kv_bytes(spec, context, w.concurrency, typical, w.kv_dtype)
+    choice = choose_gpus(snapshot, pools, need, weights, w)
+    pool, fit = (choice.pool, "fast") if choice else place(snapshot, need)
+    figures = _memory_figures(snapshot, spec, w, context, need)
+    profile = _profile(snapshot, spec, w, fit, context, figures)
     ranked = rank(book, profile)
-    rejected: list[Rejection] = []
     chosen: Candidate | None = None
+    rejected: list[Rejection] = []
     not_installed: list[Candidate] = []
     if requested_engine != "auto":
         if requested_engine not in book.engines:
@@ -293,20 +441,13 @@ def plan(
                 f"{requested_engine} was requested but {v.detail}" + (f": {v.install}" if v.install else "")
             )
     else:
-        for cand in ranked:
-            failed = violations(cand.engine, book.engines[cand.engine], profile, check)
-            if not failed:
-                chosen = cand
-                break
-            rejected += failed
-            if all(f.constraint == "installed" for f in failed):
-                not_installed.append(cand)
+        chosen, rejected, not_installed = _choose_engine(book, profile, ranked, check)
     is_present = True
     if chosen is None:
         if not not_installed:
             tried = {r.engine for r in rejected}
             extra = [r for e, n in book.engines.items() if e not in tried for r in violations(e, n, profile, None)]
-            raise NoEngineError(spec, rejected + extra)
+            raise NoEngineError(spec, rejected + extra, figures)
         chosen = not_installed[0]
         is_present = False
         install = book.engines[chosen.engine].install
@@ -316,14 +457,54 @@ def plan(
         if engine not in tried:
             rejected += violations(engine, needs, profile, None)
     reasons.insert(0, f"{chosen.because} [rule: {chosen.rule}]")
-    lay = _layout(chosen.engine, pool, fit, spec, w, snapshot, context)
-    cap = _capacity(spec, pool, fit, lay, w, snapshot)
-    _explain(chosen.engine, cap, lay, pool, snapshot, reasons, warnings)
+
+    sizing = _sizing(chosen.engine)
+    replicas = 1
+    if sizing == "paged":
+        warnings += paged_warnings
+        replicas = choice.replicas if choice else 1
+        if choice:
+            reasons.append(choice.why)
+    else:
+        # llama.cpp and MLX reserve every slot's full context: size (and lower the context) that way
+        largest = (pools or [system_pool(snapshot)])[-1]
+        if chosen.engine == "llamacpp":
+            largest = largest.model_copy(update={"usable_bytes": largest.split_bytes})
+        context = _lowered(spec, w, trained_or_set, largest, "reserved", warnings)
+        required = weights + kv_bytes(spec, context, w.kv_dtype) * w.concurrency
+        pool, fit = place(snapshot, required, split=chosen.engine == "llamacpp")
+        if chosen.engine == "llamacpp" and pool.kind == "vram":
+            pool = pool.model_copy(update={"usable_bytes": pool.split_bytes})
+    lay = _layout(chosen.engine, pool, fit, spec, w, snapshot, context, replicas)
+    cap = _capacity(spec, pool, fit, lay, w, snapshot, sizing)
+    if choice and sizing == "paged" and pool.kind == "vram":
+        cap = cap.model_copy(update={"gpus": choice.gpus, "free_gpus": choice.free})
+    elif pool.kind == "vram" or (fit != "fast" and lay.gpu_layers > 0):
+        used = pool.indexes or tuple(g.index for g in host_gpus(snapshot))[: lay.gpus]
+        free = tuple(g.index for g in host_gpus(snapshot) if g.index not in used)
+        cap = cap.model_copy(update={"gpus": used, "free_gpus": free})
+    options = engine_options(chosen.engine, lay)
+    if chosen.engine == "llamacpp" and mode is None and requested_engine == "auto" and (
+        w.concurrency > 1 or w.mode != "local"
+    ):
+        mode = "llama_server"
+        reasons.append(
+            f"{w.concurrency} concurrent sequence(s) in {w.mode} use: llama-server with {w.concurrency} slots "
+            "(the in-process adapter decodes one request at a time)"
+        )
     if mode == "llama_server":
-        reasons.append("llama.cpp runs as llama-server, its own process: concurrent requests share its slots")
+        options["context_length"] = lay.context_length * w.concurrency
+        reasons.append(
+            "llama.cpp runs as llama-server, its own process: concurrent requests share its slots "
+            f"(-c {options['context_length']} = {w.concurrency} slot(s) x {lay.context_length} tokens)"
+        )
+    _explain(chosen.engine, cap, lay, snapshot, reasons, warnings)
+    slow = slow_warning(spec, cap, chosen.engine, w.decode_tokens_per_s, snapshot, book, rejected)
+    if slow:
+        warnings.append(slow)
     return Plan(
         engine=mode or chosen.engine,
-        options=engine_options(chosen.engine, lay),
+        options=options,
         reasons=tuple(reasons),
         warnings=tuple(warnings),
         installed=is_present,
