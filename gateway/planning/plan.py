@@ -37,6 +37,9 @@ class Plan(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     reasons: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    assumed: tuple[str, ...] = ()
+    """What the planner could not read (probes that failed, sizes not reported, figures not in the
+    hardware table, config keys missing) and what it assumed instead."""
     installed: bool = True
     model: str | None = None
     spec: ModelSpec | None = None
@@ -55,8 +58,13 @@ class NoEngineError(ValueError):
     def __init__(self, spec: ModelSpec, rejected: list[Rejection], figures: str = "") -> None:
         self.rejected = rejected
         self.figures = figures
-        lines = "; ".join(f"{r.engine}: {r.detail}" for r in rejected)
-        memory = f" [memory: {figures}]" if figures else ""
+        grouped: dict[str, list[str]] = {}
+        for r in rejected:
+            detail = r.detail.removesuffix(f": {figures}") if figures else r.detail
+            if detail not in grouped.setdefault(r.engine, []):
+                grouped[r.engine].append(detail)
+        lines = "; ".join(f"{engine}: {', '.join(details)}" for engine, details in grouped.items())
+        memory = f". Memory: {figures}" if figures else ""
         super().__init__(f"no engine can serve {spec.path} ({spec.format}) on this host: {lines}{memory}")
 
 
@@ -117,7 +125,7 @@ def _profile(s: HardwareSnapshot, spec: ModelSpec, w: Workload, fit: str, contex
     )
 
 
-def _target_context(spec: ModelSpec, w: Workload, warnings: list[str]) -> int:
+def _target_context(spec: ModelSpec, w: Workload, warnings: list[str], assumed: list[str]) -> int:
     """The workload's context, else the trained one (else DEFAULT_CONTEXT, with a warning)."""
     trained = spec.context_length
     if w.context_length is not None:
@@ -127,7 +135,7 @@ def _target_context(spec: ModelSpec, w: Workload, warnings: list[str]) -> int:
             )
         return w.context_length
     if trained is None:
-        warnings.append(f"the model does not state its trained context: assumed {DEFAULT_CONTEXT} tokens")
+        assumed.append(f"model: no trained context length stated: assumed {DEFAULT_CONTEXT} tokens")
         return DEFAULT_CONTEXT
     return trained
 
@@ -275,18 +283,6 @@ def _explain(
         f"weights {_gb(cap.weights_bytes)} + {kv_text} = {_gb(cap.required_bytes)}; "
         f"{'fits in' if cap.fit != 'none' else 'exceeds'} {where} ({usable})"
     )
-    if cap.memory_known and cap.fit == "fast":
-        reasons.append(
-            f"KV room {_gb(cap.kv_pool_bytes)}: {cap.concurrency_at_typical} sequences at once of "
-            f"{cap.sequence_tokens} tokens (typical), {cap.concurrency_at_full} at the full {cap.context_length}"
-        )
-    if cap.gpus:
-        free = ", ".join(map(str, cap.free_gpus)) if cap.free_gpus else "none"
-        reasons.append(
-            f"GPUs {', '.join(map(str, cap.gpus))}: tensor parallel {lay.tensor_parallel} x pipeline "
-            f"{lay.pipeline_parallel}" + (f" x {cap.replicas} data-parallel replicas" if cap.replicas > 1 else "")
-            + f"; free GPUs: {free}"
-        )
     if lay.gpus > 1 and engine not in ("llamacpp", "mlx"):
         if lay.pipeline_parallel > 1 and lay.tensor_parallel > 1:
             reasons.append(
@@ -410,12 +406,13 @@ def plan(
     if weights is None:
         raise ValueError(f"{spec.path}: the weights' size is unknown, so capacity cannot be planned")
     reasons: list[str] = []
-    warnings: list[str] = host_unknowns(snapshot) + model_unknowns(spec)
+    warnings: list[str] = []
+    assumed = host_unknowns(snapshot) + model_unknowns(spec)
     typical = w.prompt_tokens + w.output_tokens
     pools = fast_pools(snapshot)
 
     # Fit as a paged engine would use memory: this is the fit the rules and hard constraints read.
-    trained_or_set = _target_context(spec, w, warnings)
+    trained_or_set = _target_context(spec, w, warnings, assumed)
     paged_warnings: list[str] = []
     context = _lowered(spec, w, trained_or_set, pools[-1], "paged", paged_warnings) if pools else trained_or_set
     need = weights + paged_kv_bytes(spec, context, w.concurrency, typical, w.kv_dtype)
@@ -507,6 +504,7 @@ def plan(
         options=options,
         reasons=tuple(reasons),
         warnings=tuple(warnings),
+        assumed=tuple(assumed),
         installed=is_present,
         model=spec.path,
         spec=spec,
