@@ -110,7 +110,7 @@ def _profile(s: HardwareSnapshot, spec: ModelSpec, w: Workload, fit: str, contex
         min_compute_capability=min(ccs) if ccs else None,
         fit=fit,  # type: ignore[arg-type]
         heavy=heaviness(w.prompt_tokens, w.output_tokens),
-        context_length=context,
+        context_length=w.context_length or min(context, w.prompt_tokens + w.output_tokens),
         concurrency=w.concurrency,
         shared_prefix=w.shared_prefix,
         family=spec.family,
@@ -171,9 +171,14 @@ def _lowered(
         if sizing == "paged"
         else f"{w.concurrency} sequence(s) x {context} tokens need {_gb(kv)} of KV"
     )
-    where = f"{pool.devices} GPU(s)" if pool.kind == "vram" else f"{pool.kind} memory"
+    where = {
+        "vram": f"{pool.devices} GPU(s)",
+        "unified": "unified memory",
+        "system": "system RAM",
+        "split": "GPU memory and RAM together",
+    }[pool.kind]
     warnings.append(
-        f"context lowered from the trained {context} to {capped} tokens: {what}, but {where} hold "
+        f"context lowered from the trained {context} to {capped} tokens: {what}, but {where} can hold "
         f"{_gb(pool.usable_bytes - weights)} beside the {_gb(weights)} of weights (set context_length to choose)"
     )
     return capped
@@ -188,6 +193,7 @@ def _layout(
     s: HardwareSnapshot,
     context: int,
     replicas: int = 1,
+    kv_need: int = 0,
 ) -> Layout:
     gpus = pool.devices if pool.kind == "vram" else 0
     tp, pp = (pool.tensor_parallel, pool.pipeline_parallel) if gpus else (1, 1)
@@ -199,9 +205,12 @@ def _layout(
     elif fit != "fast" and engine == "llamacpp" and spec.layers and spec.weight_bytes:
         fast = fast_pools(s)
         if fast and fast[-1].known:
-            room = fast[-1].split_bytes - kv_bytes(spec, context, w.kv_dtype) * w.concurrency
             gpus = fast[-1].devices if fast[-1].kind == "vram" else 0
-            gpu_layers = max(0, min(spec.layers, int(room // (spec.weight_bytes / spec.layers))))
+            # all the KV on the GPUs first (leaves headroom for compute buffers); when it alone is too big,
+            # each offloaded layer brings its own share of the KV, as llama.cpp places it
+            kv_first = (fast[-1].split_bytes - kv_need) // (spec.weight_bytes / spec.layers)
+            by_layer = fast[-1].split_bytes // ((spec.weight_bytes + kv_need) / spec.layers)
+            gpu_layers = max(0, min(spec.layers, int(kv_first if kv_first > 0 else by_layer)))
             pp = max(gpus, 1)
     return Layout(
         gpus=gpus,
@@ -344,8 +353,22 @@ RESERVED_KV = frozenset({"llamacpp", "mlx"})
 """Engines that reserve each slot's full context up front; every other engine pages its KV cache."""
 
 
-def _sizing(engine: str) -> KvSizing:
-    return "reserved" if engine in RESERVED_KV else "paged"
+def _home(
+    snapshot: HardwareSnapshot, pools: list[MemoryPool], weights: int, fast_split: bool, with_ram: bool
+) -> MemoryPool:
+    """Where the context must fit: the largest fast pool if the weights fit there, else RAM (+ the GPUs' share).
+
+    fast_split: count GPU memory as llama.cpp does (the sum); with_ram: the engine can keep layers in RAM.
+    """
+    if pools:
+        top = pools[-1]
+        room = top.split_bytes if fast_split else top.usable_bytes
+        if not top.known or weights < room:
+            return top.model_copy(update={"usable_bytes": room})
+    ram = system_pool(snapshot)
+    if with_ram and pools and pools[-1].kind == "vram" and ram.known and pools[-1].known:
+        return ram.model_copy(update={"kind": "split", "usable_bytes": ram.usable_bytes + pools[-1].split_bytes})
+    return ram
 
 
 def _memory_figures(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, context: int, need: int) -> str:
@@ -414,7 +437,8 @@ def plan(
     # Fit as a paged engine would use memory: this is the fit the rules and hard constraints read.
     trained_or_set = _target_context(spec, w, warnings, assumed)
     paged_warnings: list[str] = []
-    context = _lowered(spec, w, trained_or_set, pools[-1], "paged", paged_warnings) if pools else trained_or_set
+    home = _home(snapshot, pools, weights, fast_split=False, with_ram=True)
+    context = _lowered(spec, w, trained_or_set, home, "paged", paged_warnings)
     need = weights + paged_kv_bytes(spec, context, w.concurrency, typical, w.kv_dtype)
     choice = choose_gpus(snapshot, pools, need, weights, w)
     pool, fit = (choice.pool, "fast") if choice else place(snapshot, need)
@@ -455,45 +479,57 @@ def plan(
             rejected += violations(engine, needs, profile, None)
     reasons.insert(0, f"{chosen.because} [rule: {chosen.rule}]")
 
-    sizing = _sizing(chosen.engine)
+    serve_as = mode
+    if chosen.engine == "llamacpp" and mode is None and requested_engine == "auto" and (
+        w.concurrency > 1 or w.mode != "local"
+    ):
+        serve_as = "llama_server"
+        reasons.append(
+            f"{w.concurrency} concurrent sequence(s) in {w.mode} use: llama-server with {w.concurrency} slots "
+            "(the in-process adapter decodes one request at a time)"
+        )
+    sizing: KvSizing = "paged" if chosen.engine not in RESERVED_KV or serve_as == "llama_server" else "reserved"
     replicas = 1
-    if sizing == "paged":
+    if chosen.engine not in RESERVED_KV:
         warnings += paged_warnings
         replicas = choice.replicas if choice else 1
         if choice:
             reasons.append(choice.why)
     else:
-        # llama.cpp and MLX reserve every slot's full context: size (and lower the context) that way
-        largest = (pools or [system_pool(snapshot)])[-1]
-        if chosen.engine == "llamacpp":
-            largest = largest.model_copy(update={"usable_bytes": largest.split_bytes})
-        context = _lowered(spec, w, trained_or_set, largest, "reserved", warnings)
-        required = weights + kv_bytes(spec, context, w.kv_dtype) * w.concurrency
-        pool, fit = place(snapshot, required, split=chosen.engine == "llamacpp")
-        if chosen.engine == "llamacpp" and pool.kind == "vram":
+        # llama.cpp splits layers by each GPU's memory and can leave some in RAM; MLX uses unified memory
+        split = chosen.engine == "llamacpp"
+        context = _lowered(spec, w, trained_or_set, _home(snapshot, pools, weights, split, split), sizing, warnings)
+        kv = (
+            paged_kv_bytes(spec, context, w.concurrency, typical, w.kv_dtype)
+            if sizing == "paged"
+            else kv_bytes(spec, context, w.kv_dtype) * w.concurrency
+        )
+        pool, fit = place(snapshot, weights + kv, split=split)
+        if split and pool.kind == "vram":
             pool = pool.model_copy(update={"usable_bytes": pool.split_bytes})
-    lay = _layout(chosen.engine, pool, fit, spec, w, snapshot, context, replicas)
+    kv_need = (
+        paged_kv_bytes(spec, context, w.concurrency, typical, w.kv_dtype)
+        if sizing == "paged"
+        else kv_bytes(spec, context, w.kv_dtype) * w.concurrency
+    )
+    lay = _layout(chosen.engine, pool, fit, spec, w, snapshot, context, replicas, kv_need)
     cap = _capacity(spec, pool, fit, lay, w, snapshot, sizing)
-    if choice and sizing == "paged" and pool.kind == "vram":
+    gpus = host_gpus(snapshot)
+    if choice and chosen.engine not in RESERVED_KV and pool.kind == "vram":
         cap = cap.model_copy(update={"gpus": choice.gpus, "free_gpus": choice.free})
     elif pool.kind == "vram" or (fit != "fast" and lay.gpu_layers > 0):
-        used = pool.indexes or tuple(g.index for g in host_gpus(snapshot))[: lay.gpus]
-        free = tuple(g.index for g in host_gpus(snapshot) if g.index not in used)
-        cap = cap.model_copy(update={"gpus": used, "free_gpus": free})
+        used = pool.indexes or tuple(g.index for g in gpus)[: lay.gpus]
+        cap = cap.model_copy(update={"gpus": used, "free_gpus": tuple(g.index for g in gpus if g.index not in used)})
     options = engine_options(chosen.engine, lay)
-    if chosen.engine == "llamacpp" and mode is None and requested_engine == "auto" and (
-        w.concurrency > 1 or w.mode != "local"
-    ):
-        mode = "llama_server"
-        reasons.append(
-            f"{w.concurrency} concurrent sequence(s) in {w.mode} use: llama-server with {w.concurrency} slots "
-            "(the in-process adapter decodes one request at a time)"
-        )
+    mode = serve_as
     if mode == "llama_server":
-        options["context_length"] = lay.context_length * w.concurrency
+        tokens = max(w.concurrency * min(typical, context), context)
+        options["context_length"] = tokens
+        options["extra_args"] = ["--kv-unified"]
         reasons.append(
-            "llama.cpp runs as llama-server, its own process: concurrent requests share its slots "
-            f"(-c {options['context_length']} = {w.concurrency} slot(s) x {lay.context_length} tokens)"
+            f"llama.cpp runs as llama-server, its own process: its {w.concurrency} slot(s) share one unified KV "
+            f"cache of {tokens} tokens (-c {tokens} --kv-unified: {w.concurrency} x {min(typical, context)} typical, "
+            f"any one up to {context})"
         )
     _explain(chosen.engine, cap, lay, snapshot, reasons, warnings)
     slow = slow_warning(spec, cap, chosen.engine, w.decode_tokens_per_s, snapshot, book, rejected)

@@ -21,16 +21,21 @@ REFERENCE_GPU = "NVIDIA H100 80GB HBM3"
 GPU_ENGINES = ("vllm", "sglang", "tensorrt_llm", "exllamav3", "exllamav2", "llamacpp")
 
 
-def _gpu_kind(snapshot: HardwareSnapshot) -> tuple[str, float, float] | None:
-    """(name, bandwidth GB/s, memory bytes) of the GPU to propose."""
+def _gpu_kinds(snapshot: HardwareSnapshot, on_gpus: bool) -> list[tuple[str, float, float, int]]:
+    """(name, bandwidth GB/s, memory bytes, count on this host) of the GPUs to propose, best first.
+
+    This host's largest GPU kind when the plan does not already run on it, then the reference GPU.
+    """
+    kinds = []
     gpus = [g for g in host_gpus(snapshot) if g.figures.memory_bandwidth_gbps and g.memory_bytes]
-    if gpus:
+    if gpus and not on_gpus:
         g = max(gpus, key=lambda g: (g.memory_bytes or 0, g.figures.memory_bandwidth_gbps or 0))
-        return g.name, float(g.figures.memory_bandwidth_gbps or 0), float(g.memory_bytes or 0)
+        count = sum(1 for x in gpus if x.name == g.name)
+        kinds.append((g.name, float(g.figures.memory_bandwidth_gbps or 0), float(g.memory_bytes or 0), count))
     ref = figures_for(REFERENCE_GPU)
     if ref.memory_bandwidth_gbps and ref.memory_gb:
-        return REFERENCE_GPU, ref.memory_bandwidth_gbps, ref.memory_gb * 1e9
-    return None
+        kinds.append((REFERENCE_GPU, ref.memory_bandwidth_gbps, ref.memory_gb * 1e9, 0))
+    return kinds
 
 
 def slow_warning(
@@ -50,27 +55,27 @@ def slow_warning(
         f"fits, but decodes at most ~{rate:.1f} tokens/s per sequence, below the {need:g} tokens/s "
         f"{'the workload needs' if needed else 'assumed needed (set decode_tokens_per_s in the workload)'}"
     )
-    kind = _gpu_kind(snapshot)
     alt_engine = next(
         (e for e in GPU_ENGINES if e in book.engines and spec.format in book.engines[e].formats), None
     )
-    if kind is None or alt_engine is None:
+    if alt_engine is None:
         return text
-    name, bandwidth, memory = kind
-    per_token = cap.bytes_per_token
-    k = 1
-    while k < 64 and cap.required_bytes > k * memory * GPU_MEMORY_FRACTION:
-        k *= 2
-    alt = decode_tokens_per_s([(per_token, bandwidth * k)])
-    if alt <= rate * 1.2 or (engine == alt_engine and cap.memory == "vram" and cap.devices_used >= k):
-        return text
-    why = "; ".join(dict.fromkeys(r.detail for r in rejected if r.engine == alt_engine))
-    here = f" (rejected here: {why})" if why else ""
-    layout = "tensor parallel" if k > 1 else "all layers on the GPU"
-    return (
-        f"{text}; faster: {alt_engine} on {k} x {name} ({layout}, {_gb(cap.required_bytes)} needed) "
-        f"would give ~{alt:.0f} tokens/s{here}"
-    )
+    for name, bandwidth, memory, here in _gpu_kinds(snapshot, on_gpus=cap.memory == "vram"):
+        k = 1
+        while k < 64 and cap.required_bytes > k * memory * GPU_MEMORY_FRACTION:
+            k *= 2
+        alt = decode_tokens_per_s([(cap.bytes_per_token, bandwidth * k)])
+        if alt <= rate * 1.2:
+            continue
+        why = "; ".join(dict.fromkeys(r.detail for r in rejected if r.engine == alt_engine))
+        rejected_here = f" (rejected here: {why})" if why else ""
+        layout = "tensor parallel" if k > 1 else "all layers on the GPU"
+        whose = f", this host has {here}" if here else ""
+        return (
+            f"{text}; faster: {alt_engine} on {k} x {name} ({layout}, {_gb(cap.required_bytes)} needed{whose}) "
+            f"would give ~{alt:.0f} tokens/s{rejected_here}"
+        )
+    return text
 
 
 def _gb(n: float) -> str:

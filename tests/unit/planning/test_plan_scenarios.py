@@ -254,16 +254,18 @@ def test_llama_server_is_planned_as_llamacpp_and_served_by_its_own_adapter() -> 
     in_process = plan(host("build-machine"), model("smollm2"), requested_engine="llamacpp", installed=ALL)
     served = plan(host("build-machine"), model("smollm2"), requested_engine="llama_server", installed=ALL)
     assert served.engine == "llama_server"
-    assert served.options == in_process.options and {"threads", "parallel", "context_length"} <= set(served.options)
+    # the same options, plus one KV cache shared by the slots (llama-server's --kv-unified)
+    assert served.options == {**in_process.options, "extra_args": ["--kv-unified"]}
+    assert {"threads", "parallel", "context_length"} <= set(served.options)
     assert any("runs as llama-server" in r for r in served.reasons)
 
 
 def test_context_is_capped_to_fit_when_the_workload_does_not_set_it() -> None:
-    # a 12 GB card holds SmolLM2 at its full 8,192-token context for 4 sequences: no cap; 4 streams
-    # go to llama-server, whose -c is shared by its 4 slots
+    # a 12 GB card holds SmolLM2 at its full 8,192-token context: no cap; 4 streams go to llama-server,
+    # whose 4 slots share one unified KV cache of max(4 x 768 typical, 8,192) tokens
     small = plan(host("rtx-3060"), model("smollm2"), Workload(concurrency=4), installed=ALL)
     assert small.engine == "llama_server" and small.options["parallel"] == 4
-    assert small.options["context_length"] == 4 * 8192
+    assert small.options["context_length"] == 8192 and small.options["extra_args"] == ["--kv-unified"]
     big = plan(
         host("hgx-8x-h100"), model("llama-3-70b").model_copy(update={"context_length": 2_000_000}), installed=ALL
     )
