@@ -64,7 +64,7 @@ class NoEngineError(ValueError):
             if detail not in grouped.setdefault(r.engine, []):
                 grouped[r.engine].append(detail)
         lines = "; ".join(f"{engine}: {', '.join(details)}" for engine, details in grouped.items())
-        memory = f". Memory: {figures}" if figures else ""
+        memory = f". Memory: {figures}" if figures and any(r.constraint == "memory" for r in rejected) else ""
         super().__init__(f"no engine can serve {spec.path} ({spec.format}) on this host: {lines}{memory}")
 
 
@@ -140,6 +140,13 @@ def _target_context(spec: ModelSpec, w: Workload, warnings: list[str], assumed: 
     return trained
 
 
+def _kv_need(spec: ModelSpec, w: Workload, context: int, sizing: KvSizing) -> int:
+    """KV bytes for the workload: a paged pool, or concurrency x full context reserved."""
+    if sizing == "paged":
+        return paged_kv_bytes(spec, context, w.concurrency, w.prompt_tokens + w.output_tokens, w.kv_dtype)
+    return kv_bytes(spec, context, w.kv_dtype) * w.concurrency
+
+
 def _lowered(
     spec: ModelSpec,
     w: Workload,
@@ -153,11 +160,7 @@ def _lowered(
     typical = w.prompt_tokens + w.output_tokens
     if w.context_length is not None or not pool.known or weights >= pool.usable_bytes:
         return context
-    kv = (
-        paged_kv_bytes(spec, context, w.concurrency, typical, w.kv_dtype)
-        if sizing == "paged"
-        else kv_bytes(spec, context, w.kv_dtype) * w.concurrency
-    )
+    kv = _kv_need(spec, w, context, sizing)
     if weights + kv <= pool.usable_bytes:
         return context
     fitting = max_context(
@@ -382,7 +385,9 @@ def _memory_figures(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, co
     pools = fast_pools(snapshot)
     ram = system_pool(snapshot)
     have = []
-    if pools and pools[-1].kind == "vram":
+    if pools and not pools[-1].known:
+        have.append(f"{pools[-1].devices} GPU(s) of unknown memory")
+    elif pools and pools[-1].kind == "vram":
         gpus = host_gpus(snapshot)
         have.append(f"{pools[-1].devices} GPU(s) {_gb(pools[-1].usable_bytes)} usable")
         largest = max((g.memory_bytes or 0) for g in gpus)
@@ -439,7 +444,7 @@ def plan(
     paged_warnings: list[str] = []
     home = _home(snapshot, pools, weights, fast_split=False, with_ram=True)
     context = _lowered(spec, w, trained_or_set, home, "paged", paged_warnings)
-    need = weights + paged_kv_bytes(spec, context, w.concurrency, typical, w.kv_dtype)
+    need = weights + _kv_need(spec, w, context, "paged")
     choice = choose_gpus(snapshot, pools, need, weights, w)
     pool, fit = (choice.pool, "fast") if choice else place(snapshot, need)
     figures = _memory_figures(snapshot, spec, w, context, need)
@@ -499,20 +504,10 @@ def plan(
         # llama.cpp splits layers by each GPU's memory and can leave some in RAM; MLX uses unified memory
         split = chosen.engine == "llamacpp"
         context = _lowered(spec, w, trained_or_set, _home(snapshot, pools, weights, split, split), sizing, warnings)
-        kv = (
-            paged_kv_bytes(spec, context, w.concurrency, typical, w.kv_dtype)
-            if sizing == "paged"
-            else kv_bytes(spec, context, w.kv_dtype) * w.concurrency
-        )
-        pool, fit = place(snapshot, weights + kv, split=split)
+        pool, fit = place(snapshot, weights + _kv_need(spec, w, context, sizing), split=split)
         if split and pool.kind == "vram":
             pool = pool.model_copy(update={"usable_bytes": pool.split_bytes})
-    kv_need = (
-        paged_kv_bytes(spec, context, w.concurrency, typical, w.kv_dtype)
-        if sizing == "paged"
-        else kv_bytes(spec, context, w.kv_dtype) * w.concurrency
-    )
-    lay = _layout(chosen.engine, pool, fit, spec, w, snapshot, context, replicas, kv_need)
+    lay = _layout(chosen.engine, pool, fit, spec, w, snapshot, context, replicas, _kv_need(spec, w, context, sizing))
     cap = _capacity(spec, pool, fit, lay, w, snapshot, sizing)
     gpus = host_gpus(snapshot)
     if choice and chosen.engine not in RESERVED_KV and pool.kind == "vram":

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.planning.installed import Installed
-from gateway.planning.workload import Profile, read_yaml
+from gateway.planning.workload import Profile, read_yaml, validation_message
 
 DEFAULT_RULES = Path(__file__).resolve().parents[1] / "data" / "selection.yaml"
 ENGINES = ("llamacpp", "mlx", "exllamav2", "exllamav3", "vllm", "sglang", "tensorrt_llm", "dynamo")
@@ -115,8 +115,7 @@ def load_rules(user_file: Path | None = None, default_file: Path = DEFAULT_RULES
     try:
         book = RuleBook.model_validate({"engines": engines, "rules": rules})
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"{user_file or default_file}: {problems}") from None
+        raise ValueError(validation_message(user_file or default_file, exc)) from None
     return _check_book(book, str(user_file or default_file))
 
 

@@ -82,6 +82,12 @@ def read_yaml(path: Path) -> object:
         raise ValueError(f"{path}:{where}: not valid YAML ({problem})") from None
 
 
+def validation_message(path: Path | str, exc: ValidationError) -> str:
+    """A pydantic error as one line: the file, then each field and what is wrong with it."""
+    problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'file'}: {e['msg']}" for e in exc.errors())
+    return f"{path}: {problems}"
+
+
 def load_workload(path: Path) -> Workload:
     data = read_yaml(path) or {}
     if not isinstance(data, dict):
@@ -89,5 +95,4 @@ def load_workload(path: Path) -> Workload:
     try:
         return Workload.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'file'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"{path}: {problems}") from None
+        raise ValueError(validation_message(path, exc)) from None
