@@ -402,6 +402,25 @@ def _memory_figures(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, co
     return f"{text}; {', '.join(have)}"
 
 
+def _gpu_selection(engine: str, cap: Capacity, lay: Layout, snapshot: HardwareSnapshot) -> dict[str, Any]:
+    """Options that keep the engine on the planned GPUs when others stay free.
+
+    Engines take GPUs 0..n-1 (llama.cpp: all of them) unless told: server engines get
+    CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES on AMD), llama.cpp a tensor split with 0 for free GPUs.
+    """
+    if not cap.gpus or not cap.free_gpus:
+        return {}
+    if engine == "llamacpp":
+        if lay.gpu_layers == 0:
+            return {}
+        memory = {g.index: g.memory_bytes or 0 for g in host_gpus(snapshot)}
+        return {"tensor_split": [round(memory[i] / 2**30) if i in cap.gpus else 0 for i in sorted(memory)]}
+    if engine in RESERVED_KV:
+        return {}
+    var = "HIP_VISIBLE_DEVICES" if snapshot.amd and snapshot.amd.gpus and not snapshot.nvidia else "CUDA_VISIBLE_DEVICES"
+    return {"env": {var: ",".join(map(str, cap.gpus))}}
+
+
 def _choose_engine(
     book: RuleBook, profile: Profile, ranked: list[Candidate], check: Installed
 ) -> tuple[Candidate | None, list[Rejection], list[Candidate]]:
@@ -516,6 +535,7 @@ def plan(
         used = pool.indexes or tuple(g.index for g in gpus)[: lay.gpus]
         cap = cap.model_copy(update={"gpus": used, "free_gpus": tuple(g.index for g in gpus if g.index not in used)})
     options = engine_options(chosen.engine, lay)
+    options.update(_gpu_selection(chosen.engine, cap, lay, snapshot))
     mode = serve_as
     if mode == "llama_server":
         tokens = max(w.concurrency * min(typical, context), context)

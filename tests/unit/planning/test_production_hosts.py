@@ -233,6 +233,13 @@ def test_gpus_follow_the_objective_and_the_free_ones_are_named(case: Gpus, model
     assert len(cap.gpus) == case.tp * case.pp * case.dp and not set(cap.gpus) & set(cap.free_gpus)
     if case.used is not None:
         assert cap.gpus == case.used
+    # engines take GPUs 0..n-1 unless told: the plan names the set when some stay free
+    visible = p.options.get("env", {})
+    if case.free:
+        var = "HIP_VISIBLE_DEVICES" if "mi3" in case.host else "CUDA_VISIBLE_DEVICES"
+        assert visible == {var: ",".join(map(str, cap.gpus))}
+    else:
+        assert visible == {}
     if case.workload.mode == "production" and case.workload.objective != "cost":
         assert (cap.weights_bytes <= 0.5 * cap.usable_bytes) or cap.free_gpus == ()
 
@@ -245,6 +252,7 @@ def test_mixed_gpu_sizes_split_by_memory_for_llama_cpp(models: dict[str, ModelSp
     assert p.engine == "llamacpp" and p.options["gpu_layers"] == -1 and p.options["split_mode"] == "layer"
     assert p.capacity and p.capacity.usable_bytes == int((97887 + 24564) * MIB * GPU_MEMORY_FRACTION)
     assert p.capacity.gpus == (0, 1) and p.capacity.free_gpus == (2,)
+    assert p.options["tensor_split"] == [24, 96, 0]  # GiB per GPU in index order; 0 keeps GPU 2 free
 
 
 # ---------------------------------------------------------------- 4. CPU production concurrency
