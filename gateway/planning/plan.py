@@ -364,7 +364,8 @@ def _home(
     fast_split: count GPU memory as llama.cpp does (the sum); with_ram: the engine can keep layers in RAM.
     """
     if pools:
-        top = pools[-1]
+        # with mixed GPU sizes one big card can hold more than all of them sharded evenly
+        top = max(pools, key=lambda p: (not p.known, p.split_bytes if fast_split else p.usable_bytes))
         room = top.split_bytes if fast_split else top.usable_bytes
         if not top.known or weights < room:
             return top.model_copy(update={"usable_bytes": room})
@@ -389,9 +390,10 @@ def _memory_figures(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, co
         have.append(f"{pools[-1].devices} GPU(s) of unknown memory")
     elif pools and pools[-1].kind == "vram":
         gpus = host_gpus(snapshot)
-        have.append(f"{pools[-1].devices} GPU(s) {_gb(pools[-1].usable_bytes)} usable")
+        best = max(pools, key=lambda p: p.usable_bytes)
+        have.append(f"{best.devices} GPU(s) {_gb(best.usable_bytes)} usable")
         largest = max((g.memory_bytes or 0) for g in gpus)
-        if largest and need > pools[-1].usable_bytes:
+        if largest and need > best.usable_bytes:
             per_gpu = largest * GPU_MEMORY_FRACTION
             k = -(-need // int(per_gpu))
             name = next(g.name for g in gpus if (g.memory_bytes or 0) == largest)

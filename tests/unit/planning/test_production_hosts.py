@@ -389,3 +389,13 @@ def test_no_engine_error_carries_needed_and_usable(models: dict[str, ModelSpec])
     assert f"1 GPU(s) {usable:.1f} GB usable" in str(err.value)
     # 141.1 GB of weights + 42.9 GB for one sequence at 131,072 tokens = 184.1 GB: 3 x 77.0 GB
     assert "needs 184.1 GB" in str(err.value) and "it would take 3 x NVIDIA H100 80GB HBM3" in str(err.value)
+
+
+def test_context_on_a_mixed_box_is_fitted_to_the_big_card_not_three_small_ones(models: dict[str, ModelSpec]) -> None:
+    # 8B bf16 with a 1M-token trained context: the 96 GB card alone (86.1 GB usable) holds more KV
+    # than 3 GPUs sharded evenly (3 x 24 GB x 0.9 = 64.8 GB)
+    spec = models["llama-8b"].model_copy(update={"context_length": 1_000_000})
+    p = run("mixed-pcie", spec, Workload())
+    assert p.capacity and p.capacity.gpus == (1,)
+    room = int(97887 * MIB * GPU_MEMORY_FRACTION) - (spec.weight_bytes or 0)
+    assert p.options["context_length"] == room // 131072 // 256 * 256
