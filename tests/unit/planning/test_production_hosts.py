@@ -399,3 +399,43 @@ def test_context_on_a_mixed_box_is_fitted_to_the_big_card_not_three_small_ones(m
     assert p.capacity and p.capacity.gpus == (1,)
     room = int(97887 * MIB * GPU_MEMORY_FRACTION) - (spec.weight_bytes or 0)
     assert p.options["context_length"] == room // 131072 // 256 * 256
+
+
+# ---------------------------------------------------------------- invariants over every host x model x workload
+
+SWEEP_HOSTS = [*sorted(__import__("tests.unit.planning.snapshots", fromlist=["HOSTS"]).HOSTS),
+               "mixed-pcie", "failed-nvml", "null-vram", "null-ram", "jetson-orin"]
+SWEEP_WORKLOADS = [
+    Workload(),
+    Workload(mode="production", concurrency=64),
+    Workload(mode="production", objective="throughput", concurrency=256, prompt_tokens=4000, output_tokens=1000),
+    Workload(mode="production", objective="cost", concurrency=8, context_length=32768),
+]
+
+
+@pytest.mark.parametrize("host_name", SWEEP_HOSTS)
+def test_invariants_hold_on_every_host(host_name: str, models: dict[str, ModelSpec]) -> None:
+    snap = host_snapshot(host_name)
+    gpu_host = bool((snap.nvidia and snap.nvidia.gpus) or (snap.amd and snap.amd.gpus))
+    for spec in models.values():
+        for w in SWEEP_WORKLOADS:
+            try:
+                p = plan(snap, spec, w, installed=ALL)
+            except NoEngineError as err:
+                assert err.figures.startswith("needs ") and "usable" in err.figures
+                continue
+            cap = p.capacity
+            assert cap is not None
+            where = (host_name, spec.path, w)
+            assert p.engine not in ("mlx", "mlx_server") or snap.apple is not None, where
+            assert not set(cap.gpus) & set(cap.free_gpus), where
+            if cap.fit == "fast" and cap.memory_known:
+                assert cap.required_bytes <= cap.usable_bytes, where
+            if gpu_host and cap.memory in ("system", "split"):
+                # off the GPUs only through llama.cpp, and never without saying so
+                assert p.engine in ("llamacpp", "llama_server"), where
+                assert any("system RAM" in x for x in p.warnings), where
+            if p.engine in PAGED:
+                assert cap.kv_sizing == "paged" and cap.concurrency_at_full >= 1 or not cap.memory_known, where
+            if w.context_length is None and p.options.get("context_length", 0) < (spec.context_length or 0):
+                assert any("context lowered" in x for x in p.warnings) or p.engine == "llama_server", where
