@@ -217,6 +217,12 @@ GPU_CASES = [
          1, 8, 1, ()),
     Gpus("70B bf16 production, 8x MI355X XGMI: TP2", "8x-mi355x-xgmi", "llama-70b", Workload(mode="production"),
          2, 1, 1, (2, 3, 4, 5, 6, 7)),
+    Gpus("70B FP8 throughput, 4x H100 NVL in NVLink pairs: a TP2 replica per pair", "4x-h100-nvl-pairs",
+         "llama-70b-fp8", Workload(mode="production", objective="throughput", concurrency=64), 2, 1, 2, ()),
+    Gpus("8B throughput, 8x L40S PCIe: 8 replicas", "8x-l40s-pcie", "llama-8b",
+         Workload(mode="production", objective="throughput", concurrency=256), 1, 1, 8, ()),
+    Gpus("70B bf16 throughput, 8x MI325X: 4 TP2 replicas", "8x-mi325x-xgmi", "llama-70b",
+         Workload(mode="production", objective="throughput", concurrency=256), 2, 1, 4, ()),
     Gpus("8B on a mixed box: the 96 GB card, not 3 x the smallest", "mixed-pcie", "llama-8b", Workload(),
          1, 1, 1, (0, 2), used=(1,)),
 ]
@@ -439,3 +445,26 @@ def test_invariants_hold_on_every_host(host_name: str, models: dict[str, ModelSp
                 assert cap.kv_sizing == "paged" and cap.concurrency_at_full >= 1 or not cap.memory_known, where
             if w.context_length is None and p.options.get("context_length", 0) < (spec.context_length or 0):
                 assert any("context lowered" in x for x in p.warnings) or p.engine == "llama_server", where
+
+
+@pytest.mark.parametrize(
+    "issue,says",
+    [
+        ({"probe": "nvidia", "reason": "NVML: Driver Not Loaded"}, "the NVIDIA probe failed (NVML: Driver Not Loaded)"),
+        ({"probe": "nvidia", "reason": "timed out after 30 s"}, "the NVIDIA probe failed (timed out after 30 s)"),
+        ({"probe": "amd", "reason": "amdsmi: AMDSMI_STATUS_NO_PERM"}, "the AMD probe failed (amdsmi: AMDSMI_STATUS_NO_PERM)"),
+        ({"probe": "cpu", "reason": "/proc/cpuinfo not readable"}, "the CPU probe failed"),
+        ({"probe": "nvidia", "reason": "NVML: NVML Shared Library Not Found"}, None),  # no NVIDIA stack: no GPU, no noise
+    ],
+)
+def test_failed_probes_are_named(issue: dict[str, str], says: str | None, models: dict[str, ModelSpec]) -> None:
+    from gateway.hardware import HardwareSnapshot
+    from tests.unit.planning.snapshots import cpu, snapshot
+
+    snap = HardwareSnapshot.model_validate(snapshot(cpu("Intel(R) Xeon(R) Gold 6430", 64, 128), 512, issues=[issue]))
+    p = plan(snap, models["llama-8b-q4-gguf"], installed=ALL)
+    assert p.engine == "llamacpp"
+    if says is None:
+        assert p.assumed == ()
+    else:
+        assert any(says in a for a in p.assumed), p.assumed
