@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from gateway.hardware import HardwareSnapshot, detect
 from gateway.modelsource import ModelSourceError, embedded_model_path
 from gateway.planning import (
@@ -19,6 +21,7 @@ from gateway.planning import (
     load_workload,
     plan,
 )
+from gateway.planning.workload import validation_message
 
 
 def describe(p: Plan) -> str:
@@ -72,10 +75,17 @@ def _figures(p: Plan) -> list[str]:
     return lines
 
 
+def _snapshot(path: Path) -> HardwareSnapshot:
+    try:
+        return HardwareSnapshot.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        raise ValueError(validation_message(path, exc) + " (expected `enginegate detect --json` output)") from None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(Path(args.model) if args.model else embedded_model_path())
-        snapshot = HardwareSnapshot.model_validate_json(Path(args.hardware).read_text()) if args.hardware else detect()
+        snapshot = _snapshot(Path(args.hardware)) if args.hardware else detect()
         workload = load_workload(Path(args.workload)) if args.workload else Workload()
         installed = None
         if args.installed is not None:

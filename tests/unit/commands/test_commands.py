@@ -132,3 +132,12 @@ def test_no_engine_prints_the_numbers(tmp_path: Path, capsys: pytest.CaptureFixt
     assert run(["plan", "--model", str(MODELS / "deepseek-v3"), "--hardware", str(hw)]) == 2
     err = capsys.readouterr().err
     assert "no engine can serve" in err and "Memory: needs" in err and "8 GPU(s) 615.7 GB usable" in err
+
+
+def test_a_broken_hardware_snapshot_is_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hw = tmp_path / "hw.json"
+    hw.write_text('{"os": "Linux", "cpu": {"architecture": "x86_64"}, "memory": {"total_bytes": "lots"}')
+    assert run(["plan", "--hardware", str(hw)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"enginegate plan: {hw}") and "expected `enginegate detect --json` output" in err
+    assert "\n" not in err.strip()
