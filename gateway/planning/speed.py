@@ -64,12 +64,14 @@ def slow_warning(
         k = 1
         while k < 64 and cap.required_bytes > k * memory * GPU_MEMORY_FRACTION:
             k *= 2
-        alt = decode_tokens_per_s([(cap.bytes_per_token, bandwidth * k)])
+        # llama.cpp splits layers over GPUs and runs them in turn: one GPU's bandwidth, not k
+        parallel = 1 if alt_engine == "llamacpp" else k
+        alt = decode_tokens_per_s([(cap.bytes_per_token, bandwidth * parallel)])
         if alt <= rate * 1.2:
             continue
         why = "; ".join(dict.fromkeys(r.detail for r in rejected if r.engine == alt_engine))
         rejected_here = f" (rejected here: {why})" if why else ""
-        layout = "tensor parallel" if k > 1 else "all layers on the GPU"
+        layout = "all layers on the GPU" if k == 1 else "tensor parallel" if parallel > 1 else "layers split over them"
         whose = f", this host has {here}" if here else ""
         return (
             f"{text}; faster: {alt_engine} on {k} x {name} ({layout}, {_gb(cap.required_bytes)} needed{whose}) "

@@ -468,3 +468,17 @@ def test_failed_probes_are_named(issue: dict[str, str], says: str | None, models
         assert p.assumed == ()
     else:
         assert any(says in a for a in p.assumed), p.assumed
+
+
+def test_offloaded_gguf_is_slow_and_the_all_gpu_alternative_is_a_layer_split() -> None:
+    from tests.unit.planning.test_plan_scenarios import llama70_q4_k_m, one_rtx_4090
+
+    s = one_rtx_4090()
+    measured = s.model_copy(update={"cpu": s.cpu.model_copy(update={"measured_bandwidth_gbps": 60.0})})
+    p = plan(measured, llama70_q4_k_m(), installed=ALL)
+    assert p.capacity and p.capacity.decode_tokens_per_s and p.capacity.decode_tokens_per_s < 10
+    [slow] = [x for x in p.warnings if x.startswith("fits, but")]
+    # 2 x 24 GB hold it; llama.cpp runs the two halves in turn, so one card's 1,008 GB/s
+    alt = 1008e9 / p.capacity.bytes_per_token
+    assert "llamacpp on 2 x NVIDIA GeForce RTX 4090 (layers split over them" in slow and f"~{alt:.0f} tokens/s" in slow
+    assert "this host has 1" in slow
