@@ -67,6 +67,11 @@ def explain(
         reasons.append(
             f"aggregate decode at most ~{cap.aggregate_tokens_per_s:.0f} tokens/s over {cap.concurrency} "
             "concurrent sequences (one weight read per batched step; capped by compute at 50% of peak where known)"
+            + (
+                "; RAM bandwidth is `enginegate doctor`'s one-thread copy, so many-core servers may stream faster"
+                if cap.memory == "system"
+                else ""
+            )
         )
     if cap.prefill_seconds is not None:
         reasons.append(
