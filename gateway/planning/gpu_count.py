@@ -54,9 +54,28 @@ def _replica_sets(gpus: list[Gpu], pool: MemoryPool, count: int) -> list[tuple[i
     return sets[:count]
 
 
-def choose_gpus(snapshot: HardwareSnapshot, pools: list[MemoryPool], need: int, weights: int, w: Workload) -> GpuChoice | None:
+def divisible(pool: MemoryPool, heads: int | None) -> MemoryPool:
+    """The pool with a tensor-parallel size that divides the attention heads (vLLM and SGLang require it);
+    the rest of its GPUs become pipeline stages."""
+    tp = pool.tensor_parallel
+    if not heads or heads % tp == 0:
+        return pool
+    t = max(d for d in range(1, tp + 1) if tp % d == 0 and heads % d == 0)
+    return pool.model_copy(
+        update={"tensor_parallel": t, "pipeline_parallel": pool.devices // t, "linked": t == pool.devices and t > 1}
+    )
+
+
+def choose_gpus(
+    snapshot: HardwareSnapshot,
+    pools: list[MemoryPool],
+    need: int,
+    weights: int,
+    w: Workload,
+    heads: int | None = None,
+) -> GpuChoice | None:
     """The GPU set (and replicas) for a paged engine needing `need` bytes per replica; None if none holds it."""
-    fitting = [p for p in pools if p.kind == "vram" and holds(p, need)]
+    fitting = [divisible(p, heads) for p in pools if p.kind == "vram" and holds(p, need)]
     if not fitting:
         return None
     pool = fitting[0]

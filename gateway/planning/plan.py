@@ -351,7 +351,7 @@ def plan(
     home = _home(snapshot, pools, weights, fast_split=False, with_ram=True)
     context = _lowered(spec, w, trained_or_set, home, "paged", paged_warnings)
     need = weights + _kv_need(spec, w, context, "paged")
-    choice = choose_gpus(snapshot, pools, need, weights, w)
+    choice = choose_gpus(snapshot, pools, need, weights, w, spec.attention_heads)
     pool, fit = (choice.pool, "fast") if choice else place(snapshot, need)
     figures = memory_figures(snapshot, spec, w, context, need)
     profile = _profile(snapshot, spec, w, fit, context, figures)

@@ -482,3 +482,18 @@ def test_offloaded_gguf_is_slow_and_the_all_gpu_alternative_is_a_layer_split() -
     alt = 1008e9 / p.capacity.bytes_per_token
     assert "llamacpp on 2 x NVIDIA GeForce RTX 4090 (layers split over them" in slow and f"~{alt:.0f} tokens/s" in slow
     assert "this host has 1" in slow
+
+
+def test_tensor_parallel_size_divides_the_attention_heads(tmp_path: Path) -> None:
+    # 28 attention heads (Qwen2.5-7B's count): 8 GPUs cannot split them evenly, so TP4 x PP2 (vLLM refuses TP8)
+    cfg = {**LLAMA_70B, "num_attention_heads": 40, "num_key_value_heads": 8, "hidden_size": 5120,
+           "intermediate_size": 27648, "num_hidden_layers": 64}
+    spec = load_spec(hf_dir(tmp_path, "forty-heads", cfg))
+    p = run("8x-l40s-pcie", spec, Workload(mode="production"))
+    assert p.options["tensor_parallel"] * p.options["pipeline_parallel"] == p.capacity.devices_used  # type: ignore[union-attr]
+    seven = run("8x-h100-nvswitch", spec.model_copy(update={"attention_heads": 28}),
+                Workload(mode="production", objective="throughput", context_length=8192))
+    assert 28 % seven.options["tensor_parallel"] == 0
+    big = spec.model_copy(update={"attention_heads": 28, "file_bytes": 400_000_000_000})
+    p8 = run("8x-h100-nvswitch", big, Workload(context_length=8192))
+    assert (p8.options["tensor_parallel"], p8.options["pipeline_parallel"]) == (4, 2)
