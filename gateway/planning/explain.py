@@ -46,8 +46,8 @@ def explain(
     if lay.gpus > 1 and engine not in ("llamacpp", "mlx"):
         if lay.pipeline_parallel > 1 and lay.tensor_parallel > 1:
             reasons.append(
-                f"NVLink joins groups of {lay.tensor_parallel} GPUs: tensor parallel inside each, "
-                f"pipeline ({lay.pipeline_parallel} stages) across them"
+                f"tensor parallel {lay.tensor_parallel} x pipeline {lay.pipeline_parallel}: tensor parallel only "
+                "inside an NVLink group and as far as the attention heads divide, pipeline stages across"
             )
         elif lay.tensor_parallel > 1:
             reasons.append(f"the {lay.gpus} GPUs are joined by NVLink: tensor parallel across {lay.tensor_parallel}")
