@@ -50,10 +50,10 @@ def explain(
                 "inside an NVLink group and as far as the attention heads divide, pipeline stages across"
             )
         elif lay.tensor_parallel > 1:
-            reasons.append(f"the {lay.gpus} GPUs are joined by NVLink: tensor parallel across {lay.tensor_parallel}")
+            reasons.append(f"the {lay.gpus} GPUs are joined by NVLink/NVSwitch/XGMI: tensor parallel across {lay.tensor_parallel}")
         else:
             reasons.append(
-                f"no NVLink between the {lay.gpus} GPUs: "
+                f"no NVLink/XGMI between the {lay.gpus} GPUs: "
                 f"pipeline parallel ({lay.pipeline_parallel} stages) rather than tensor parallel"
             )
     rate = cap.decode_tokens_per_s
