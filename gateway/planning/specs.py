@@ -92,10 +92,16 @@ class ModelSpec(BaseModel):
 
     @property
     def active_weight_bytes(self) -> int | None:
+        """Bytes of weights one token reads: the quantised share scaled by active / total parameters;
+        the 16-bit parameters (embeddings, attention in MXFP4 checkpoints) are always read."""
         w = self.weight_bytes
-        if w is None or not self.params_total or not self.params_active:
+        total, active = self.params_total, self.params_active
+        if w is None or not total or not active:
             return w
-        return int(w * self.params_active / self.params_total)
+        kept = min(self.unquantized_params, total)
+        if kept and kept < total and active >= kept:
+            return int(kept * 2 + (w - kept * 2) * (active - kept) / (total - kept))
+        return int(w * active / total)
 
 
 class SpecError(ValueError):

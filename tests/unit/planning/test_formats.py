@@ -176,3 +176,12 @@ def test_apple_binned_chips_take_their_own_bandwidth() -> None:
 
 def test_every_row_names_its_source() -> None:
     assert all(f.source for _, f in load_table())
+
+
+def test_moe_tokens_read_the_16_bit_parts_in_full(tmp_path: Path) -> None:
+    spec = load_spec(hf_dir(tmp_path, "gpt-oss", GPT_OSS_120B))
+    kept, total, active = spec.unquantized_params, spec.params_total or 0, spec.params_active or 0
+    # attention, router and embeddings (bf16) every token; 4 of 128 experts at 4.25 bits
+    expected = kept * 2 + (active - kept) * 4.25 / 8
+    assert spec.active_weight_bytes == pytest.approx(expected, rel=1e-6)
+    assert 4e9 < (spec.active_weight_bytes or 0) < 7e9  # the input embedding counted in full: an upper bound
