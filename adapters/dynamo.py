@@ -157,7 +157,7 @@ SPEC = EngineSpec(
     adapter=DynamoAdapter,
     capabilities=Capabilities(chat=True, completions=True, embeddings=False, tools=True, structured_output=True),
     accelerators=("nvidia",),
-    formats=("bf16", "fp16", "fp8", "awq", "gptq"),
+    formats=("bf16", "fp16", "fp8", "awq", "gptq", "compressed-tensors", "bnb", "nvfp4", "mxfp4"),
     min_compute_capability=8.0,
     install_hint=("pip install 'ai-dynamo[vllm]'  (or [sglang], [trtllm]); on a host where that fails: "
                   "pip install ai-dynamo-runtime && pip install --no-deps ai-dynamo"),

@@ -147,6 +147,8 @@ def server_layout_options(lay: Layout, kv_dtypes: Mapping[str, str] | None = Non
         "gpu_memory_fraction": lay.gpu_memory_fraction,
         "max_concurrency": lay.concurrency,
     }
+    if lay.data_parallel > 1:
+        options["data_parallel"] = lay.data_parallel
     if kv_dtypes is not None:
         options["kv_cache_dtype"] = kv_dtypes[lay.kv_dtype]
     return options

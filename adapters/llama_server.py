@@ -150,11 +150,8 @@ KV_CACHE_TYPE = {"fp16": "f16", "bf16": "bf16", "fp8": "q8_0", "q8_0": "q8_0", "
 
 
 def layout_options(lay: Layout) -> dict[str, Any]:
-    """In-process llama.cpp's options, plus what only the server reads (KV cache type, GPU split)."""
-    options = {**llamacpp.layout_options(lay), "kv_cache_type": KV_CACHE_TYPE[lay.kv_dtype]}
-    if lay.gpus > 1:
-        options["split_mode"] = "layer"  # llama.cpp splits by layers across GPUs (a pipeline), never tensor parallel
-    return options
+    """In-process llama.cpp's options, plus what only the server reads (its KV cache type)."""
+    return {**llamacpp.layout_options(lay), "kv_cache_type": KV_CACHE_TYPE[lay.kv_dtype]}
 
 
 SPEC = EngineSpec(

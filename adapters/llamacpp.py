@@ -45,6 +45,8 @@ SAMPLING_FIELDS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "
 EXTRA_FIELDS = ("top_k", "min_p", "repeat_penalty", "typical_p", "mirostat_mode", "mirostat_tau", "mirostat_eta")
 OPENAI_DEFAULT_TEMPERATURE = 1.0
 OPENAI_DEFAULT_TOP_P = 1.0
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
+"""llama.cpp's multi-GPU split (llama-server's -sm), as llama-cpp-python's LLAMA_SPLIT_MODE_* values."""
 
 
 
@@ -87,6 +89,8 @@ class LlamaCppAdapter(Adapter):
         self.n_gpu_layers = int(options.get("gpu_layers") or 0)
         self.chat_format = config.chat_format
         self.llama_kwargs: dict[str, Any] = dict(options.get("llama_kwargs") or {})
+        self.split_mode = SPLIT_MODES.get(str(options.get("split_mode") or "layer"), 1)
+        self.tensor_split = [float(x) for x in options["tensor_split"]] if options.get("tensor_split") else None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{config.name or 'model'}")
         self._embed_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp-embed")
         self._llm: Any = None
@@ -116,8 +120,11 @@ class LlamaCppAdapter(Adapter):
             "n_threads": self.n_threads,
             "n_threads_batch": self.n_threads,
             "n_gpu_layers": self.n_gpu_layers,
+            "split_mode": self.split_mode,
             "verbose": False,
         }
+        if self.tensor_split:
+            kwargs["tensor_split"] = self.tensor_split
         if embedding:
             kwargs.update(embedding=True, pooling_type=LLAMA_POOLING_TYPE_MEAN)
         elif self.chat_format:
@@ -414,8 +421,11 @@ def _prompts(prompt: Any) -> list[Any]:
 
 def layout_options(lay: Layout) -> dict[str, Any]:
     """What the in-process engine reads (`parallel`: the requests the gateway lets through at once)."""
-    return {"context_length": lay.context_length, "threads": lay.threads, "gpu_layers": lay.gpu_layers,
-            "parallel": lay.concurrency}
+    options: dict[str, Any] = {"context_length": lay.context_length, "threads": lay.threads,
+                               "gpu_layers": lay.gpu_layers, "parallel": lay.concurrency}
+    if lay.gpus > 1:
+        options["split_mode"] = "layer"  # llama.cpp splits by layers across GPUs (a pipeline), never tensor parallel
+    return options
 
 
 SPEC = EngineSpec(
@@ -427,6 +437,7 @@ SPEC = EngineSpec(
     needs_fast_memory=False,  # keeps the layers that do not fit in RAM (-ngl)
     tensor_parallel=False,  # several GPUs split the layers (-sm layer)
     partial_offload=True,
+    paged_kv=False,
     install_hint="pip install llama-cpp-python  (or: make setup, which picks safe CPU flags)",
     python_modules=("llama_cpp",),
     layout_options=layout_options,

@@ -353,10 +353,11 @@ SPEC = EngineSpec(
     name="mlx",
     adapter=MLXAdapter,
     capabilities=Capabilities(chat=True, completions=True, embeddings=False, tools=False, structured_output=False),
-    accelerators=("apple", "none", "nvidia"),  # Apple Silicon, or the CPU / CUDA builds of MLX
+    accelerators=("apple",),  # Apple silicon; its CPU / CUDA builds run only when requested (engine: mlx)
     formats=("mlx", "bf16", "fp16"),
     needs_fast_memory=False,
     tensor_parallel=False,
+    paged_kv=False,
     install_hint=INSTALL_HINT,
     python_modules=("mlx", "mlx_lm"),
     layout_options=lambda lay: {"context_length": lay.context_length},

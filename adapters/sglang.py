@@ -65,7 +65,7 @@ SPEC = EngineSpec(
         chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True,
     ),
     accelerators=("nvidia", "amd"),
-    formats=("bf16", "fp16", "fp8", "awq", "gptq"),
+    formats=("bf16", "fp16", "fp8", "awq", "gptq", "compressed-tensors", "bnb", "nvfp4", "mxfp4"),
     min_compute_capability=7.5,
     install_hint="pip install 'sglang[all]'  (NVIDIA GPU; see docs.sglang.ai for ROCm and CPU builds)",
     python_modules=("sglang",),

@@ -44,6 +44,8 @@ class Layout:
     """The planner's name: fp16, bf16, fp8, q8_0, q4_0."""
     threads: int | None
     shared_prefix: bool
+    data_parallel: int = 1
+    """Replicas of the whole model (vLLM --data-parallel-size, SGLang --dp-size)."""
 
 
 LayoutOptions = Callable[[Layout], dict[str, Any]]
@@ -109,6 +111,8 @@ class EngineSpec:
     """Splits a layer's tensors across GPUs; False: several GPUs run as a pipeline of layers (llama.cpp, MLX)."""
     partial_offload: bool = False
     """Runs the layers that fit on the GPU and the rest from RAM (llama.cpp's -ngl)."""
+    paged_kv: bool = True
+    """Pages its KV cache; False: reserves each slot's full context up front (in-process llama.cpp, MLX)."""
     install_hint: str = ""
     python_modules: tuple[str, ...] = ()
     programs: tuple[str, ...] = ()

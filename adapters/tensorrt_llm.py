@@ -84,7 +84,7 @@ SPEC = EngineSpec(
         chat=True, completions=True, embeddings=False, tools=True, structured_output=True, n_choices=True, logprobs=True,
     ),
     accelerators=("nvidia",),
-    formats=("bf16", "fp16", "fp8", "awq", "gptq"),
+    formats=("bf16", "fp16", "fp8", "awq", "gptq", "nvfp4", "mxfp4"),
     min_compute_capability=8.0,
     install_hint=("pip install tensorrt_llm --extra-index-url https://pypi.nvidia.com  (NVIDIA GPU only), "
                   "or run the container nvcr.io/nvidia/tensorrt-llm/release"),

