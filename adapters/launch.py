@@ -5,6 +5,7 @@ without the engine). Option names (a model's `options` in the config, or the pla
 value wins, see adapters/config.py):
 
     tensor_parallel, pipeline_parallel     sizes (1 = off)
+    data_parallel                          replicas of the whole model (vLLM, SGLang; 1 = off)
     nodes, node_rank, master_addr, hosts   multi-node: how many machines, this one's rank, the
                                            head's address (host:port), and all hosts (mpirun)
     context_length                         tokens of context
@@ -37,6 +38,7 @@ class LaunchConfigError(ValueError):
 class LaunchOptions:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
+    data_parallel: int = 1
     nodes: int = 1
     node_rank: int = 0
     master_addr: str | None = None
@@ -106,6 +108,7 @@ def launch_options(options: Mapping[str, Any]) -> LaunchOptions:
     return LaunchOptions(
         tensor_parallel=_positive_int(options, "tensor_parallel", 1),
         pipeline_parallel=_positive_int(options, "pipeline_parallel", 1),
+        data_parallel=_positive_int(options, "data_parallel", 1),
         nodes=nodes,
         node_rank=rank,
         master_addr=str(master) if master else None,

@@ -38,6 +38,7 @@ def engine_args(model_path: str, served: str, opts: LaunchOptions, endpoint: End
             argv += ["--api-key", endpoint.api_key]
     flag_if_not_default(argv, "--tp-size", opts.tensor_parallel)
     flag_if_not_default(argv, "--pp-size", opts.pipeline_parallel)
+    flag_if_not_default(argv, "--dp-size", opts.data_parallel)
     if opts.nodes > 1:
         argv += ["--nnodes", str(opts.nodes), "--node-rank", str(opts.node_rank), "--dist-init-addr", str(opts.master_addr)]
     flag(argv, "--context-length", opts.context_length)

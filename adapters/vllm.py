@@ -37,6 +37,7 @@ def engine_args(model_path: str, served: str, opts: LaunchOptions, endpoint: End
         argv += ["--host", endpoint.host, "--port", str(endpoint.port)]
     flag_if_not_default(argv, "--tensor-parallel-size", opts.tensor_parallel)
     flag_if_not_default(argv, "--pipeline-parallel-size", opts.pipeline_parallel)
+    flag_if_not_default(argv, "--data-parallel-size", opts.data_parallel)
     if endpoint is not None and opts.nodes > 1:  # vLLM >= 0.11 spans nodes with its own mp backend; node 0 serves
         host, _, port = str(opts.master_addr).rpartition(":")
         argv += ["--distributed-executor-backend", "mp", "--nnodes", str(opts.nodes), "--node-rank", str(opts.node_rank),

@@ -186,3 +186,11 @@ def test_bad_options_name_the_option(options: dict[str, Any], message: str) -> N
     with pytest.raises(LaunchConfigError) as err:
         launch_options(options)
     assert message in str(err.value)
+
+
+def test_data_parallel_replicas_reach_vllm_and_sglang() -> None:
+    opts = launch_options({"python": PY, "data_parallel": 2})
+    vllm = vllm_argv(MODEL, "llama", opts, EP)
+    sgl = sglang_argv(MODEL, "llama", opts, EP)
+    assert vllm[vllm.index("--data-parallel-size") + 1] == "2" and sgl[sgl.index("--dp-size") + 1] == "2"
+    assert "--data-parallel-size" not in vllm_argv(MODEL, "llama", launch_options({"python": PY}), EP)
