@@ -27,3 +27,10 @@ def test_adapters_import_nothing_from_the_gateway() -> None:
     }
     assert not offenders, offenders
     assert len(list(ADAPTERS.glob("*.py"))) > 10  # the scan found the package
+
+
+def test_the_package_exports_what_a_plugin_needs() -> None:
+    import adapters
+
+    assert {"EngineSpec", "ServerSpec", "EngineConfig", "Layout", "Adapter", "Capabilities"} <= set(adapters.__all__)
+    assert all(hasattr(adapters, name) for name in adapters.__all__)
