@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -26,6 +26,50 @@ M = TypeVar("M", bound=BaseModel)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
+
+
+class StreamWriter(Protocol):
+    """Turns one generation's chat stream events into the bytes one API sends (one writer per request)."""
+
+    def event(self, event: StreamEvent) -> bytes: ...
+
+    def error(self, status: int, message: str) -> bytes: ...
+
+    async def end(self) -> bytes: ...
+
+
+class Dialect(Protocol):
+    """How an API speaks a chat result: chat itself, or a translation (Responses, Anthropic Messages)."""
+
+    async def complete(self, result: Completion) -> Response: ...
+
+    def writer(self) -> StreamWriter: ...
+
+
+class _ChatWriter:
+    def event(self, event: StreamEvent) -> bytes:
+        return b"data: " + event.data + b"\n\n" if event.data else b""
+
+    def error(self, status: int, message: str) -> bytes:
+        return b"data: " + orjson.dumps(error_payload(status, message)) + b"\n\n"
+
+    async def end(self) -> bytes:
+        return DONE
+
+
+class ChatDialect:
+    """The OpenAI chat/completions wire form: the engine's own bytes, passed through."""
+
+    async def complete(self, result: Completion) -> Response:
+        content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
+        return Response(content, status_code=result.status, media_type="application/json")
+
+    def writer(self) -> StreamWriter:
+        return CHAT_WRITER
+
+
+CHAT = ChatDialect()
+CHAT_WRITER = _ChatWriter()  # stateless: one serves every chat stream
 
 
 async def parse_body(request: Request, model: type[M]) -> tuple[M, dict[str, Any]]:
@@ -84,7 +128,14 @@ async def admit(request: Request, backend: Backend) -> float:
     return waited
 
 
-async def generate(request: Request, backend: Backend, operation: Operation, body: dict[str, Any], include_usage: bool) -> Response:
+async def generate(
+    request: Request,
+    backend: Backend,
+    operation: Operation,
+    body: dict[str, Any],
+    include_usage: bool,
+    dialect: Dialect = CHAT,
+) -> Response:
     arrived = time.perf_counter()
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
@@ -103,14 +154,21 @@ async def generate(request: Request, backend: Backend, operation: Operation, bod
             _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
         if result.status < 400:
             m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
-        content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
-        return Response(content, status_code=result.status, media_type="application/json")
+        return await dialect.complete(result)
     return StreamingResponse(
-        _sse(TimedStream(result, timing), backend, m, arrived), media_type="text/event-stream", headers=SSE_HEADERS
+        _sse(TimedStream(result, timing), backend, m, arrived, dialect.writer()),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
     )
 
 
-async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayMetrics, arrived: float) -> AsyncIterator[bytes]:
+async def _sse(
+    events: AsyncIterator[StreamEvent],
+    backend: Backend,
+    m: GatewayMetrics,
+    arrived: float,
+    writer: StreamWriter = CHAT_WRITER,
+) -> AsyncIterator[bytes]:
     first_at: float | None = None
     last_at = arrived
     usage = None
@@ -130,8 +188,9 @@ async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayM
                     usage = event.usage
                 if event.is_error:
                     m.errors.labels(backend.model_id, "engine_stream").inc()
-                if event.data:
-                    yield b"data: " + event.data + b"\n\n"
+                out = writer.event(event)
+                if out:
+                    yield out
                 if event.is_error:
                     ended = True
                     return
@@ -139,17 +198,17 @@ async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayM
             _count_error(m, backend, exc)
             ended = True
             status = getattr(exc, "status", 400)
-            yield b"data: " + orjson.dumps(error_payload(status, exc.message)) + b"\n\n"
+            yield writer.error(status, exc.message)
             return
         except Exception as exc:  # never a hung or half-open stream
             log.exception("stream failed")
             _count_error(m, backend, exc)
             ended = True
-            yield b"data: " + orjson.dumps(error_payload(500, f"stream failed: {type(exc).__name__}")) + b"\n\n"
+            yield writer.error(500, f"stream failed: {type(exc).__name__}")
             return
         ended = True
         m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
-        yield DONE
+        yield await writer.end()
     finally:
         await events.aclose()  # type: ignore[attr-defined]
         backend.admission.release()
