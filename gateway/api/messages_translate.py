@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 from starlette.responses import Response
 
 from adapters.base import Completion, StreamEvent, Usage
@@ -75,11 +75,29 @@ class ThinkingBlock(_Permissive):
 
 
 Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")]
+BLOCK: TypeAdapter[Any] = TypeAdapter(Block)
 
 
 class Message(_Permissive):
     role: Literal["user", "assistant"]
     content: str | list[Block]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _blocks(cls, v: Any) -> Any:
+        """One clear message for a malformed block (not pydantic's every-branch-of-the-union list)."""
+        if not isinstance(v, list):
+            return v
+        blocks = []
+        for j, raw in enumerate(v):
+            try:
+                blocks.append(BLOCK.validate_python(raw))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                loc = first["loc"][1:] if first["loc"] and isinstance(raw, dict) and first["loc"][0] == raw.get("type") else first["loc"]
+                where = ".".join(str(p) for p in loc)
+                raise ValueError(f"content block {j}{' ' + where if where else ''}: {first['msg']}") from None
+        return blocks
 
 
 class Tool(_Permissive):
