@@ -15,7 +15,15 @@ from gateway.api.chat import check_chat
 from gateway.api.errors import APIError
 from gateway.api.protocol import ResponseFormat
 from gateway.api.response_store import ResponseStore, SQLiteResponseStore, StoredResponse, default_store_path
-from gateway.api.responses_translate import ResponseShell, ResponsesDialect, ResponsesRequest, input_items, to_chat
+from gateway.api.responses_translate import (
+    NativeResponsesDialect,
+    ResponseShell,
+    ResponsesDialect,
+    ResponsesRequest,
+    input_items,
+    native_body,
+    to_chat,
+)
 from gateway.api.serving import generate, parse_body, resolve_backend
 from gateway.config import Settings
 
@@ -39,7 +47,7 @@ def _not_found(response_id: str) -> APIError:
 
 @router.post("/v1/responses")
 async def create_response(request: Request) -> Response:
-    parsed, _ = await parse_body(request, ResponsesRequest)
+    parsed, raw = await parse_body(request, ResponsesRequest)
     store = _store(request)
     history: list[dict[str, Any]] = []
     if parsed.previous_response_id is not None:
@@ -49,24 +57,27 @@ async def create_response(request: Request) -> Response:
                            param="previous_response_id", code="previous_response_not_found")
         history = previous.history
     items = input_items(parsed)
-    body = to_chat(parsed, history + items)
     backend = resolve_backend(request, parsed.model, "chat")
-    fmt = body.get("response_format")
-    check_chat(backend, n=1, tools=body.get("tools"), response_format=ResponseFormat.model_validate(fmt) if fmt else None,
-               names=NAMES)
-    shell = ResponseShell(parsed)
 
     async def on_done(response: dict[str, Any]) -> None:
         if not parsed.store:
             return
-        record = StoredResponse(shell.id, time.time(), response, items, history + items + response["output"])
+        output = response.get("output") or []
+        record = StoredResponse(str(response["id"]), time.time(), response, items, history + items + output)
         try:
             await store.put(record)
         except Exception:  # the answer is still good; say it was not stored rather than fail it
-            log.exception("could not store response %s", shell.id)
+            log.exception("could not store response %s", response["id"])
             response["store"] = False
 
-    return await generate(request, backend, "chat", body, True, ResponsesDialect(shell, on_done))
+    if backend.adapter.capabilities.responses:  # the engine's own Responses API; the state stays here
+        native = native_body(raw, history + items)
+        return await generate(request, backend, "responses", native, True, NativeResponsesDialect(parsed, on_done))
+    body = to_chat(parsed, history + items)
+    fmt = body.get("response_format")
+    check_chat(backend, n=1, tools=body.get("tools"), response_format=ResponseFormat.model_validate(fmt) if fmt else None,
+               names=NAMES)
+    return await generate(request, backend, "chat", body, True, ResponsesDialect(ResponseShell(parsed), on_done))
 
 
 @router.get("/v1/responses/{response_id}")

@@ -387,3 +387,74 @@ class ResponsesDialect:
 
     def writer(self) -> ResponsesWriter:
         return ResponsesWriter(self.shell, self.on_done)
+
+
+# -- native pass-through (engines that serve /v1/responses themselves) ---------------------------
+
+
+def native_body(raw: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The client's body for the engine's own /v1/responses, made stateless: the gateway resolved
+    previous_response_id into the full item history and stores the result itself."""
+    body = {k: v for k, v in raw.items() if k not in ("previous_response_id", "store")}
+    return {**body, "input": history, "store": False}
+
+
+class NativeResponsesWriter:
+    """The engine's own Responses events, passed through with `event:` lines; the client's `store` and
+    `previous_response_id` put back on each Response object; the final one is stored."""
+
+    def __init__(self, req: ResponsesRequest, on_done: OnDone) -> None:
+        self.req = req
+        self.on_done = on_done
+        self.final: dict[str, Any] | None = None
+        self.next_seq = 0
+
+    def restore(self, response: dict[str, Any]) -> None:
+        response["store"] = self.req.store
+        response["previous_response_id"] = self.req.previous_response_id
+
+    def event(self, event: StreamEvent) -> bytes:
+        if not event.data:
+            return b""
+        obj = orjson.loads(event.data)
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if not isinstance(kind, str) or "sequence_number" not in obj:  # the relay's own error (engine lost)
+            message, code = error_message(event.data)
+            return self.error(502, message, code)
+        self.next_seq = int(obj["sequence_number"]) + 1
+        data = event.data
+        if isinstance(obj.get("response"), dict):
+            self.restore(obj["response"])
+            if kind in ("response.completed", "response.incomplete"):
+                self.final = obj["response"]
+            data = orjson.dumps(obj)
+        return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+    def error(self, status: int, message: str, code: str | None = None) -> bytes:
+        data = {"type": "error", "code": code or error_payload(status, message)["error"]["type"], "message": message,
+                "param": None, "sequence_number": self.next_seq}
+        self.next_seq += 1
+        return b"event: error\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    async def end(self) -> bytes:
+        if self.final is not None:
+            await self.on_done(self.final)
+        return b""
+
+
+class NativeResponsesDialect:
+    def __init__(self, req: ResponsesRequest, on_done: OnDone) -> None:
+        self.req = req
+        self.on_done = on_done
+
+    async def complete(self, result: Completion) -> Response:
+        if result.status >= 400:
+            content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
+            return Response(content, status_code=result.status, media_type="application/json")
+        body = orjson.loads(result.body) if isinstance(result.body, bytes) else dict(result.body)
+        NativeResponsesWriter(self.req, self.on_done).restore(body)
+        await self.on_done(body)
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    def writer(self) -> NativeResponsesWriter:
+        return NativeResponsesWriter(self.req, self.on_done)

@@ -21,7 +21,7 @@ from gateway.timing import TimedStream, request_timing
 
 log = logging.getLogger("enginegate.api")
 
-Operation = Literal["chat", "completions", "embeddings"]
+Operation = Literal["chat", "completions", "embeddings", "responses"]
 M = TypeVar("M", bound=BaseModel)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
