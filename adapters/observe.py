@@ -9,7 +9,6 @@ import orjson
 from adapters.base import StreamEvent, Usage
 from adapters.upstream_errors import error_event, normalise_error
 
-
 RESPONSES_CONTENT = frozenset({"response.output_text.delta", "response.function_call_arguments.delta",
                                "response.reasoning_text.delta", "response.refusal.delta"})
 RESPONSES_END = frozenset({"response.completed", "response.incomplete"})

@@ -21,6 +21,7 @@ from gateway.api.chat_reader import (
     read_completion,
 )
 from gateway.api.errors import APIError
+from gateway.api.serving import CHAT
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
 ERROR_TYPES = {
@@ -291,7 +292,7 @@ class MessagesWriter:
         if self.started:
             return b""
         self.started = True
-        message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+        message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                    "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
         return _sse("message_start", {"type": "message_start", "message": message}) + _sse("ping", {"type": "ping"})
 
@@ -344,9 +345,8 @@ class MessagesDialect:
         self.model = model
 
     async def complete(self, result: Completion) -> Response:
-        if result.status >= 400:  # the engine's OpenAI-shaped error: the route's middleware reshapes it
-            content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
-            return Response(content, status_code=result.status, media_type="application/json")
+        if result.status >= 400:  # the engine's error as it came (on /v1/messages the middleware reshapes it)
+            return await CHAT.complete(result)
         body = message_body(read_completion(result), self.model, new_id("msg"))
         return Response(orjson.dumps(body), media_type="application/json")
 
@@ -358,9 +358,8 @@ class CountTokensDialect:
     """count_tokens runs the prompt through the engine for one token: the engine's own template and tokenizer count it."""
 
     async def complete(self, result: Completion) -> Response:
-        if result.status >= 400:
-            content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
-            return Response(content, status_code=result.status, media_type="application/json")
+        if result.status >= 400:  # the engine's error as it came (on /v1/messages the middleware reshapes it)
+            return await CHAT.complete(result)
         usage = read_completion(result).usage
         if usage is None:
             raise APIError(502, "the engine reported no usage, so the prompt cannot be counted")

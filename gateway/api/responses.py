@@ -17,8 +17,8 @@ from gateway.api.protocol import ResponseFormat
 from gateway.api.response_store import ResponseStore, SQLiteResponseStore, StoredResponse, default_store_path
 from gateway.api.responses_translate import (
     NativeResponsesDialect,
-    ResponseShell,
     ResponsesDialect,
+    ResponseShell,
     ResponsesRequest,
     input_items,
     native_body,

@@ -24,6 +24,7 @@ from gateway.api.chat_reader import (
     read_completion,
 )
 from gateway.api.errors import APIError, error_payload
+from gateway.api.serving import CHAT
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
@@ -378,9 +379,8 @@ class ResponsesDialect:
         self.on_done = on_done
 
     async def complete(self, result: Completion) -> Response:
-        if result.status >= 400:
-            content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
-            return Response(content, status_code=result.status, media_type="application/json")
+        if result.status >= 400:  # the engine's error as it came (on /v1/messages the middleware reshapes it)
+            return await CHAT.complete(result)
         body = self.shell.finished(read_completion(result))
         await self.on_done(body)
         return Response(orjson.dumps(body), media_type="application/json")
@@ -448,9 +448,8 @@ class NativeResponsesDialect:
         self.on_done = on_done
 
     async def complete(self, result: Completion) -> Response:
-        if result.status >= 400:
-            content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
-            return Response(content, status_code=result.status, media_type="application/json")
+        if result.status >= 400:  # the engine's error as it came (on /v1/messages the middleware reshapes it)
+            return await CHAT.complete(result)
         body = orjson.loads(result.body) if isinstance(result.body, bytes) else dict(result.body)
         NativeResponsesWriter(self.req, self.on_done).restore(body)
         await self.on_done(body)

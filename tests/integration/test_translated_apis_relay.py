@@ -3,7 +3,6 @@ the engine emulator in vLLM's style, a real process, driven by the official clie
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -11,15 +10,14 @@ import anthropic
 import openai
 import pytest
 import pytest_asyncio
-import uvicorn
 
 from adapters.external import ExternalAdapter
-from adapters.process import free_port
 from gateway.app import create_app
 from gateway.config import ModelConfig, Settings
 from gateway.routing import Admission, Backend, ModelRegistry
 from gateway.runtime import Runtime
 from tests.emulators.fixture import RunningEmulator, running_emulator
+from tests.gateway_process import app_server
 
 pytestmark = pytest.mark.integration
 KEY = "sk-upstream"
@@ -50,18 +48,8 @@ async def gateway_url(emu: RunningEmulator, crashing: RunningEmulator, tmp_path:
     models.add(backend(emu, "remote"))
     models.add(backend(crashing, "crashing"))
     settings = Settings(response_store={"path": tmp_path / "r.sqlite3"})
-    app = create_app(settings, Runtime(settings=settings, models=models))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done()
-        await asyncio.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with app_server(create_app(settings, Runtime(settings=settings, models=models))) as url:
+        yield url
 
 
 async def test_messages_through_the_relay(gateway_url: str) -> None:
