@@ -16,11 +16,12 @@ from gateway.api.messages_translate import (
     error_body,
     to_chat,
 )
+from gateway.api.protocol import ResponseFormat
 from gateway.api.serving import generate, parse_body, resolve_backend
 
 router = APIRouter()
 PREFIX = "/v1/messages"
-NAMES = {"tools": "tools", "response_format": "output_format"}
+NAMES = {"tools": "tools", "response_format": "output_config.format"}
 
 
 @router.post("/v1/messages")
@@ -28,7 +29,9 @@ async def messages(request: Request) -> Response:
     parsed, _ = await parse_body(request, MessagesRequest)
     body = to_chat(parsed)
     backend = resolve_backend(request, parsed.model, "chat")
-    check_chat(backend, n=1, tools=body.get("tools"), response_format=None, names=NAMES)
+    fmt = body.get("response_format")
+    check_chat(backend, n=1, tools=body.get("tools"), response_format=ResponseFormat.model_validate(fmt) if fmt else None,
+               names=NAMES)
     return await generate(request, backend, "chat", body, True, MessagesDialect(parsed.model))
 
 

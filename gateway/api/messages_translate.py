@@ -112,6 +112,15 @@ class ToolChoice(_Permissive):
     name: str | None = None
 
 
+class JSONFormat(_Permissive):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Permissive):
+    format: JSONFormat | None = None
+
+
 class CountTokensRequest(_Permissive):
     model: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1)
@@ -127,6 +136,7 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, ge=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
+    output_config: OutputConfig | None = None
 
     @field_validator("stop_sequences")
     @classmethod
@@ -227,6 +237,9 @@ def to_chat(req: CountTokensRequest) -> dict[str, Any]:
         body["max_tokens"] = req.max_tokens
         if req.stop_sequences:
             body["stop"] = req.stop_sequences
+        fmt = req.output_config.format if req.output_config else None
+        if fmt is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_}}
         for key in ("temperature", "top_p", "top_k"):
             value = getattr(req, key)
             if value is not None:

@@ -397,3 +397,9 @@ async def test_sqlite_store_retention_concurrency_and_reopen(tmp_path: Path) -> 
     await reopened.put(record(100, age=7200))  # older than max_age: pruned on write, never served
     assert await reopened.get("resp_100") is None
     assert await reopened.delete(kept[0].id) and not await reopened.delete(kept[0].id)
+
+
+def test_messages_output_config_format_becomes_response_format(claude: anthropic.Anthropic, script: ScriptAdapter) -> None:
+    claude.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
+                           output_config={"format": {"type": "json_schema", "schema": WEATHER}})
+    assert script.bodies[-1]["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": WEATHER}}
