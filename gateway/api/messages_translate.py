@@ -194,7 +194,7 @@ def _assistant_message(content: str | list[Any], issued: set[str]) -> dict[str, 
             issued.add(block.id)
             calls.append({"id": block.id, "type": "function",
                           "function": {"name": block.name, "arguments": orjson.dumps(block.input).decode()}})
-    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    message: dict[str, Any] = {"role": "assistant", "content": text}  # "" not None: many chat templates concatenate it
     if calls:
         message["tool_calls"] = calls
     return message

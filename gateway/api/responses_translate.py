@@ -138,7 +138,7 @@ def chat_messages(instructions: str | None, history: list[dict[str, Any]]) -> li
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif item["type"] == "function_call_output":
             if item["call_id"] not in calls:
                 raise APIError(400, f"No tool call found for function call output with call_id {item['call_id']}.",

@@ -126,7 +126,7 @@ def test_messages_request_becomes_chat_with_tools_and_history(claude: anthropic.
     assert body["messages"] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
+        {"role": "assistant", "content": "", "tool_calls": [
             {"id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Paris"}'}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "18C"},
         {"role": "user", "content": "And so?"},
@@ -278,7 +278,7 @@ def test_responses_function_call_round_trip_with_previous_response_id(oai: opena
     assert second.output_text == "It is 18C." and second.previous_response_id == first.id
     assert script.bodies[-1]["messages"] == [
         {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": None, "tool_calls": [
+        {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_7", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}]},
         {"role": "tool", "tool_call_id": "call_7", "content": "18C"},
     ]
