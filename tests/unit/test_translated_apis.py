@@ -403,3 +403,35 @@ def test_messages_output_config_format_becomes_response_format(claude: anthropic
     claude.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
                            output_config={"format": {"type": "json_schema", "schema": WEATHER}})
     assert script.bodies[-1]["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": WEATHER}}
+
+
+async def test_a_client_leaving_a_translated_stream_cancels_the_generation_and_stores_nothing() -> None:
+    from adapters.base import RequestContext
+    from gateway.api.messages_translate import MessagesWriter
+    from gateway.api.responses_translate import ResponseShell, ResponsesRequest, ResponsesWriter
+    from gateway.api.serving import _sse
+    from gateway.metrics import GatewayMetrics
+    from gateway.routing import Admission, Backend
+
+    stored: list[dict[str, Any]] = []
+
+    async def on_done(response: dict[str, Any]) -> None:
+        stored.append(response)
+
+    shell = ResponseShell(ResponsesRequest(model="echo", input="x"))
+    for writer in (ResponsesWriter(shell, on_done), MessagesWriter("echo")):
+        adapter = EchoAdapter()
+        backend = Backend(model_id="echo", adapter=adapter, admission=Admission(1, 0))
+        await backend.admission.acquire()
+        m = GatewayMetrics()
+        body = {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "a b c d e f"}]}
+        events = await adapter.chat(body, RequestContext("r", "echo", include_usage=True))
+        sse_stream = _sse(events, backend, m, 0.0, writer)  # type: ignore[arg-type]
+        first = await sse_stream.__anext__()
+        assert first.startswith(b"event: ")
+        await sse_stream.__anext__()
+        await sse_stream.aclose()  # what Starlette does when the client goes away
+        assert adapter.closed_streams == 1 and adapter.completed_streams == 0
+        assert backend.admission.running == 0
+        assert metric_value(m.render().decode(), "enginegate_client_disconnects_total", model="echo", engine="echo") == 1
+    assert stored == []
