@@ -435,3 +435,14 @@ async def test_a_client_leaving_a_translated_stream_cancels_the_generation_and_s
         assert backend.admission.running == 0
         assert metric_value(m.render().decode(), "enginegate_client_disconnects_total", model="echo", engine="echo") == 1
     assert stored == []
+
+
+def test_responses_stream_helper_accumulates_the_events(oai: openai.OpenAI, script: ScriptAdapter) -> None:
+    """The SDK's own accumulator (responses.stream) rebuilds the Response from the events alone."""
+    script.calls = [("call_5", "weather", '{"city":"Kyiv"}')]
+    tools = [{"type": "function", "name": "weather", "parameters": WEATHER}]
+    with oai.responses.stream(model="m", input="Kyiv?", tools=tools) as stream:  # type: ignore[arg-type]
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert text == "Hello there " and final.output_text == "Hello there "
+    assert final.output[1].type == "function_call" and final.output[1].arguments == '{"city":"Kyiv"}'
