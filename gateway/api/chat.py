@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.api.errors import APIError
+from gateway.api.fanout import n_choices
 from gateway.api.protocol import ChatCompletionRequest, ResponseFormat
 from gateway.api.serving import generate, parse_body, resolve_backend
 from gateway.routing import Backend
@@ -16,7 +17,6 @@ router = APIRouter()
 def check_chat(
     backend: Backend,
     *,
-    n: int | None,
     tools: list[dict[str, Any]] | None,
     response_format: ResponseFormat | None,
     names: dict[str, str] | None = None,
@@ -24,8 +24,6 @@ def check_chat(
     """What the engine cannot do answers 400 before any work; `names` renames params for translated APIs."""
     names = names or {}
     caps = backend.adapter.capabilities
-    if (n or 1) > 1 and not caps.n_choices:
-        raise APIError(400, f"n > 1 is not supported by the {backend.engine} engine; send n separate requests", param="n")
     if tools and not caps.tools:
         raise APIError(400, f"tools are not supported by the {backend.engine} engine", param=names.get("tools", "tools"))
     fmt_param = names.get("response_format", "response_format")
@@ -41,5 +39,7 @@ def check_chat(
 async def chat_completions(request: Request) -> Response:
     parsed, body = await parse_body(request, ChatCompletionRequest)
     backend = resolve_backend(request, parsed.model, "chat")
-    check_chat(backend, n=parsed.n, tools=parsed.tools, response_format=parsed.response_format)
-    return await generate(request, backend, "chat", body, parsed.include_usage)
+    check_chat(backend, tools=parsed.tools, response_format=parsed.response_format)
+    n = parsed.n or 1
+    fan_out = n_choices(backend.adapter.chat, n) if n > 1 and not backend.adapter.capabilities.n_choices else None
+    return await generate(request, backend, "chat", body, parsed.include_usage, call=fan_out)

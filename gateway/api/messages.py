@@ -30,7 +30,7 @@ async def messages(request: Request) -> Response:
     body = to_chat(parsed)
     backend = resolve_backend(request, parsed.model, "chat")
     fmt = body.get("response_format")
-    check_chat(backend, n=1, tools=body.get("tools"), response_format=ResponseFormat.model_validate(fmt) if fmt else None,
+    check_chat(backend, tools=body.get("tools"), response_format=ResponseFormat.model_validate(fmt) if fmt else None,
                names=NAMES)
     return await generate(request, backend, "chat", body, True, MessagesDialect(parsed.model))
 
@@ -41,7 +41,7 @@ async def count_tokens(request: Request) -> Response:
     body = {**to_chat(parsed), "max_tokens": 1, "temperature": 0}
     body.pop("tool_choice", None)  # a forced tool would add a grammar, not prompt tokens
     backend = resolve_backend(request, parsed.model, "chat")
-    check_chat(backend, n=1, tools=body.get("tools"), response_format=None, names=NAMES)
+    check_chat(backend, tools=body.get("tools"), response_format=None, names=NAMES)
     return await generate(request, backend, "chat", body, False, CountTokensDialect())
 
 

@@ -75,7 +75,7 @@ async def create_response(request: Request) -> Response:
         return await generate(request, backend, "responses", native, True, NativeResponsesDialect(parsed, on_done))
     body = to_chat(parsed, history + items)
     fmt = body.get("response_format")
-    check_chat(backend, n=1, tools=body.get("tools"), response_format=ResponseFormat.model_validate(fmt) if fmt else None,
+    check_chat(backend, tools=body.get("tools"), response_format=ResponseFormat.model_validate(fmt) if fmt else None,
                names=NAMES)
     return await generate(request, backend, "chat", body, True, ResponsesDialect(ResponseShell(parsed), on_done))
 

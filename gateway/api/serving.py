@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, Protocol, TypeVar
 
 import orjson
@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from adapters.base import ClientRequestError, Completion, EngineError, RequestContext, StreamEvent, UnsupportedError
+from adapters.base import ChatResult, ClientRequestError, Completion, EngineError, RequestContext, StreamEvent, UnsupportedError
 from gateway.api.errors import APIError, error_payload
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.routing import Backend, QueueFull
@@ -135,7 +135,9 @@ async def generate(
     body: dict[str, Any],
     include_usage: bool,
     dialect: Dialect = CHAT,
+    call: Callable[[dict[str, Any], RequestContext], Awaitable[ChatResult]] | None = None,
 ) -> Response:
+    """`call` replaces the adapter's operation (fan-out for n > 1); admission and metrics stay the same."""
     arrived = time.perf_counter()
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
@@ -143,7 +145,7 @@ async def generate(
     timing = request_timing(request.scope)
     try:
         with timing.upstream_span():
-            result = await getattr(backend.adapter, operation)(body, ctx)
+            result = await (call or getattr(backend.adapter, operation))(body, ctx)
     except BaseException as exc:
         backend.admission.release()
         _count_error(m, backend, exc)

@@ -446,3 +446,21 @@ def test_responses_stream_helper_accumulates_the_events(oai: openai.OpenAI, scri
         final = stream.get_final_response()
     assert text == "Hello there " and final.output_text == "Hello there "
     assert final.output[1].type == "function_call" and final.output[1].arguments == '{"city":"Kyiv"}'
+
+
+def test_n_choices_fan_out_merges_whole_and_streamed(app_client: TestClient) -> None:
+    h = {"authorization": "Bearer k1"}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 3, "seed": 1}
+    r = app_client.post("/v1/chat/completions", json=body, headers=h).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+    assert r["usage"] == {"prompt_tokens": 7, "completion_tokens": 15, "total_tokens": 22}
+    r = app_client.post("/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}},
+                        headers=h)
+    chunks = [orjson.loads(b[6:]) for b in r.text.split("\n\n") if b and b != "data: [DONE]"]
+    assert sorted({c["choices"][0]["index"] for c in chunks if c["choices"]}) == [0, 1, 2]
+    assert [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]] == [0, 1, 2]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 15
+    assert r.text.endswith("data: [DONE]\n\n") and r.text.count("usage") == 1
+    text = app_client.get("/metrics").text
+    assert metric_value(text, "enginegate_time_to_first_token_seconds_count", model="m", engine="script") == 1
+    assert metric_value(text, "enginegate_completion_tokens_total", model="m", engine="script") == 30
