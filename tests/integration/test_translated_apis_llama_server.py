@@ -79,3 +79,4 @@ async def test_responses_on_llama_server(url: str) -> None:
     shaped = await client.responses.create(model=MODEL, input="The weather in Oslo as JSON.", max_output_tokens=40,
                                            text={"format": {"type": "json_schema", "name": "w", "schema": WEATHER}})
     assert isinstance(json.loads(shaped.output_text)["city"], str)  # llama-server's grammar from the schema
+
