@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from adapters.spec import EngineSpec
 
-Operation = Literal["chat", "completions", "embeddings"]
+Operation = Literal["chat", "completions", "embeddings", "responses"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,8 @@ class Capabilities:
     chat: bool = True
     completions: bool = True
     embeddings: bool = False
+    responses: bool = False
+    """The engine serves /v1/responses itself (the gateway translates to chat for the others)."""
     tools: bool = False
     structured_output: bool = False
     n_choices: bool = False  # n > 1
@@ -37,6 +39,8 @@ class Capabilities:
                 return self.completions
             case "embeddings":
                 return self.embeddings
+            case "responses":
+                return self.responses
 
 
 @dataclass(slots=True)
@@ -187,6 +191,10 @@ class Adapter(abc.ABC):
 
     async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
         raise UnsupportedError(f"{self.engine} does not serve embeddings")
+
+    async def responses(self, body: dict[str, Any], ctx: RequestContext) -> ChatResult:
+        """The engine's own /v1/responses (capabilities.responses), stateless: the gateway keeps the state."""
+        raise UnsupportedError(f"{self.engine} does not serve the Responses API natively")
 
     async def engine_stats(self) -> EngineStats | None:
         """The engine's own metrics (queue, KV cache, tokens), polled by the gateway."""

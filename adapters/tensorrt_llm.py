@@ -81,7 +81,8 @@ SPEC = EngineSpec(
     name="tensorrt_llm",
     adapter=EngineServer,
     capabilities=Capabilities(
-        chat=True, completions=True, embeddings=False, tools=True, structured_output=True, n_choices=True, logprobs=True,
+        chat=True, completions=True, embeddings=False, responses=True, tools=True, structured_output=True,
+        n_choices=True, logprobs=True,
     ),
     accelerators=("nvidia",),
     formats=("bf16", "fp16", "fp8", "awq", "gptq", "nvfp4", "mxfp4"),

@@ -76,7 +76,8 @@ SPEC = EngineSpec(
     name="vllm",
     adapter=EngineServer,
     capabilities=Capabilities(
-        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True,
+        chat=True, completions=True, embeddings=True, responses=True, tools=True, structured_output=True,
+        n_choices=True, logprobs=True,
     ),
     accelerators=("nvidia", "amd", "none"),
     formats=("bf16", "fp16", "fp8", "awq", "gptq", "compressed-tensors", "bnb", "nvfp4", "mxfp4"),

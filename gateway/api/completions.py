@@ -3,6 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from gateway.api.fanout import n_choices
 from gateway.api.protocol import CompletionRequest
 from gateway.api.serving import generate, parse_body, require, resolve_backend
 
@@ -13,5 +14,7 @@ router = APIRouter()
 async def completions(request: Request) -> Response:
     parsed, body = await parse_body(request, CompletionRequest)
     backend = resolve_backend(request, parsed.model, "completions")
-    require(backend, n=parsed.n, logprobs=bool(body.get("logprobs") or body.get("top_logprobs")))
-    return await generate(request, backend, "completions", body, parsed.include_usage)
+    require(backend, body)
+    n = parsed.n or 1
+    fan_out = n_choices(backend.adapter.completions, n) if n > 1 and not backend.adapter.capabilities.n_choices else None
+    return await generate(request, backend, "completions", body, parsed.include_usage, call=fan_out)
