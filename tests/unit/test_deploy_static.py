@@ -233,7 +233,7 @@ def gateway_yaml_settings(configmap: dict[str, Any], tmp_path: Path) -> Any:
 def test_configmaps_hold_valid_gateway_configs(tmp_path: Path) -> None:
     (base,) = by_kind(load_kustomization(K8S), "ConfigMap")
     assert gateway_yaml_settings(base, tmp_path).models[0].source == "default"
-    example = K8S / "examples/vllm-upstream"
+    example = DEPLOY / "k8s-examples/vllm-upstream"
     patch = yaml.safe_load((example / "gateway-config.yaml").read_text())
     assert patch["metadata"]["name"] == base["metadata"]["name"]
     model = gateway_yaml_settings(patch, tmp_path).models[0]
