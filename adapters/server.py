@@ -39,13 +39,13 @@ ROUTES: Mapping[str, str] = {
 
 
 def merged_options(model: ModelConfig, plan_options: Mapping[str, Any]) -> dict[str, Any]:
-    """Model fields < the model's `options` < the plan's options."""
+    """Model fields < the plan's options < the model's `options` (the user's explicit setting wins)."""
     base: dict[str, Any] = {
         "context_length": model.context_length,
         "threads": model.threads,
         "gpu_layers": model.gpu_layers,
     }
-    return {**{k: v for k, v in base.items() if v is not None}, **model.options, **plan_options}
+    return {**{k: v for k, v in base.items() if v is not None}, **plan_options, **model.options}
 
 
 def served_name(model: ModelConfig) -> str:
