@@ -109,6 +109,8 @@ def test_compose_structure_pins_images_mounts_existing_files_and_binds_loopback(
     env_example = (DEPLOY / "env.example").read_text()
     used = set(re.findall(r"\$\{(\w+)", (DEPLOY / "docker-compose.yml").read_text()))
     assert used <= set(re.findall(r"^(\w+)=", env_example, re.M)), "every compose variable is in env.example"
+    text = (DEPLOY / "docker-compose.yml").read_text()
+    assert not re.search(r"\$\{\w+:?-\}", text), "podman-compose 1.0.3 leaves ${VAR:-} unexpanded: write ${VAR}"
 
 
 def test_the_deploy_gateway_config_is_valid() -> None:
