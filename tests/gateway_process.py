@@ -56,11 +56,12 @@ def gateway(args: list[str] | None = None, env: Mapping[str, str] | None = None,
         (tmp / "config.yaml").write_text(config_yaml)
         argv += ["--config", str(tmp / "config.yaml")]
     log_path = tmp / "gateway.log"
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    base = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if program:
-        full_env.pop("PYTHONPATH", None)
+        base.pop("PYTHONPATH", None)
     else:
-        full_env["PYTHONPATH"] = str(REPO_ROOT)
+        base["PYTHONPATH"] = str(REPO_ROOT)
+    full_env = {**base, **(env or {})}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     running = RunningGateway(proc, port, log_path)
