@@ -12,7 +12,7 @@ from fastapi import FastAPI
 
 from adapters.base import EngineError
 
-from gateway.api import chat, completions, embeddings, engines, health, models, observe, status
+from gateway.api import chat, completions, embeddings, engines, health, messages, models, observe, responses, status
 from gateway.api.errors import install_error_handlers
 from gateway.config import Settings
 from gateway.metrics import GatewayMetrics, MetricsMiddleware
@@ -47,11 +47,13 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app = FastAPI(title="enginegate", version="0.1.0", lifespan=lifespan)
     app.state.metrics = GatewayMetrics()
     app.state.settings = settings
+    app.state.response_store = responses.build_store(settings)
     install_error_handlers(app)
-    for module in (chat, completions, embeddings, models, health, observe, status, engines):
+    for module in (chat, completions, embeddings, responses, messages, models, health, observe, status, engines):
         app.include_router(module.router)
     # Outermost first at request time: metrics see every request, auth before the body is read.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(APIKeyMiddleware, keys=settings.api_keys)
+    app.add_middleware(messages.AnthropicDialectMiddleware)  # outside auth: its 401 leaves in Anthropic's shape too
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

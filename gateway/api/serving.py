@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Literal, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal, Protocol, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from adapters.base import ClientRequestError, Completion, EngineError, RequestContext, StreamEvent, UnsupportedError
+from adapters.base import ChatResult, ClientRequestError, Completion, EngineError, RequestContext, StreamEvent, UnsupportedError
 from gateway.api.errors import APIError, error_payload
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.routing import Backend, QueueFull
@@ -21,11 +21,55 @@ from gateway.timing import TimedStream, request_timing
 
 log = logging.getLogger("enginegate.api")
 
-Operation = Literal["chat", "completions", "embeddings"]
+Operation = Literal["chat", "completions", "embeddings", "responses"]
 M = TypeVar("M", bound=BaseModel)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
+
+
+class StreamWriter(Protocol):
+    """Turns one generation's chat stream events into the bytes one API sends (one writer per request)."""
+
+    def event(self, event: StreamEvent) -> bytes: ...
+
+    def error(self, status: int, message: str) -> bytes: ...
+
+    async def end(self) -> bytes: ...
+
+
+class Dialect(Protocol):
+    """How an API speaks a chat result: chat itself, or a translation (Responses, Anthropic Messages)."""
+
+    async def complete(self, result: Completion) -> Response: ...
+
+    def writer(self) -> StreamWriter: ...
+
+
+class _ChatWriter:
+    def event(self, event: StreamEvent) -> bytes:
+        return b"data: " + event.data + b"\n\n" if event.data else b""
+
+    def error(self, status: int, message: str) -> bytes:
+        return b"data: " + orjson.dumps(error_payload(status, message)) + b"\n\n"
+
+    async def end(self) -> bytes:
+        return DONE
+
+
+class ChatDialect:
+    """The OpenAI chat/completions wire form: the engine's own bytes, passed through."""
+
+    async def complete(self, result: Completion) -> Response:
+        content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
+        return Response(content, status_code=result.status, media_type="application/json")
+
+    def writer(self) -> StreamWriter:
+        return CHAT_WRITER
+
+
+CHAT = ChatDialect()
+CHAT_WRITER = _ChatWriter()  # stateless: one serves every chat stream
 
 
 async def parse_body(request: Request, model: type[M]) -> tuple[M, dict[str, Any]]:
@@ -84,7 +128,16 @@ async def admit(request: Request, backend: Backend) -> float:
     return waited
 
 
-async def generate(request: Request, backend: Backend, operation: Operation, body: dict[str, Any], include_usage: bool) -> Response:
+async def generate(
+    request: Request,
+    backend: Backend,
+    operation: Operation,
+    body: dict[str, Any],
+    include_usage: bool,
+    dialect: Dialect = CHAT,
+    call: Callable[[dict[str, Any], RequestContext], Awaitable[ChatResult]] | None = None,
+) -> Response:
+    """`call` replaces the adapter's operation (fan-out for n > 1); admission and metrics stay the same."""
     arrived = time.perf_counter()
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
@@ -92,7 +145,7 @@ async def generate(request: Request, backend: Backend, operation: Operation, bod
     timing = request_timing(request.scope)
     try:
         with timing.upstream_span():
-            result = await getattr(backend.adapter, operation)(body, ctx)
+            result = await (call or getattr(backend.adapter, operation))(body, ctx)
     except BaseException as exc:
         backend.admission.release()
         _count_error(m, backend, exc)
@@ -103,14 +156,21 @@ async def generate(request: Request, backend: Backend, operation: Operation, bod
             _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
         if result.status < 400:
             m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
-        content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
-        return Response(content, status_code=result.status, media_type="application/json")
+        return await dialect.complete(result)
     return StreamingResponse(
-        _sse(TimedStream(result, timing), backend, m, arrived), media_type="text/event-stream", headers=SSE_HEADERS
+        _sse(TimedStream(result, timing), backend, m, arrived, dialect.writer()),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
     )
 
 
-async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayMetrics, arrived: float) -> AsyncIterator[bytes]:
+async def _sse(
+    events: AsyncIterator[StreamEvent],
+    backend: Backend,
+    m: GatewayMetrics,
+    arrived: float,
+    writer: StreamWriter = CHAT_WRITER,
+) -> AsyncIterator[bytes]:
     first_at: float | None = None
     last_at = arrived
     usage = None
@@ -130,8 +190,9 @@ async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayM
                     usage = event.usage
                 if event.is_error:
                     m.errors.labels(backend.model_id, "engine_stream").inc()
-                if event.data:
-                    yield b"data: " + event.data + b"\n\n"
+                out = writer.event(event)
+                if out:
+                    yield out
                 if event.is_error:
                     ended = True
                     return
@@ -139,17 +200,17 @@ async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayM
             _count_error(m, backend, exc)
             ended = True
             status = getattr(exc, "status", 400)
-            yield b"data: " + orjson.dumps(error_payload(status, exc.message)) + b"\n\n"
+            yield writer.error(status, exc.message)
             return
         except Exception as exc:  # never a hung or half-open stream
             log.exception("stream failed")
             _count_error(m, backend, exc)
             ended = True
-            yield b"data: " + orjson.dumps(error_payload(500, f"stream failed: {type(exc).__name__}")) + b"\n\n"
+            yield writer.error(500, f"stream failed: {type(exc).__name__}")
             return
         ended = True
         m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
-        yield DONE
+        yield await writer.end()
     finally:
         await events.aclose()  # type: ignore[attr-defined]
         backend.admission.release()
