@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,16 +69,26 @@ class SQLiteResponseStore:
         self.max_age_s = max_age_s
         self.max_count = max_count
         self._ready = False
+        self._init_lock = threading.Lock()
 
     def _connect(self) -> sqlite3.Connection:
-        if not self._ready:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        if not self._ready:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(SCHEMA)
-            self._ready = True
-        return conn
+        return sqlite3.connect(self.path if self._ready else self._prepare(), timeout=BUSY_TIMEOUT_S,
+                               isolation_level=None)
+
+    def _prepare(self) -> Path:
+        """Make the folder, WAL mode and the schema once. Under a lock: two threads switching the
+        journal mode at once can get SQLITE_BUSY without the busy timeout ("database is locked")."""
+        with self._init_lock:
+            if not self._ready:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.executescript(SCHEMA)
+                finally:
+                    conn.close()
+                self._ready = True
+        return self.path
 
     def _put(self, record: StoredResponse) -> None:
         conn = self._connect()
