@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import os
 import random
+import subprocess
 import sys
 import time
 import uuid
@@ -56,6 +57,7 @@ class Config:
     no_usage: bool
     close_after_stream: bool
     models_503_while_loading: bool
+    spawn_child: bool = False
 
 
 class BadRequest(Exception):
@@ -513,6 +515,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--no-usage", action="store_true", help="never send usage (as some proxies and old servers)")
     p.add_argument("--models-503-while-loading", action="store_true",
                    help="llamacpp: /v1/models answers 503 while loading too (seen on llama-server b1-0c1e570)")
+    p.add_argument("--spawn-child", action="store_true",
+                   help="start a worker process that ignores SIGTERM and outlives this one (as vLLM's EngineCore)")
     p.add_argument("--close-after-stream", action="store_true",
                    help="close the connection after each stream without saying so (as llama-server was seen to)")
     a = p.parse_args(argv)
@@ -530,15 +534,22 @@ def parse_args(argv: list[str] | None = None) -> Config:
                   a.ttft_ms / 1000.0, a.itl_ms / 1000.0, a.crash_after_tokens, a.stall_after_tokens,
                   a.malformed_after_tokens, a.error_after_tokens, a.error_rate, a.seed, a.fail_status,
                   a.parallel, a.metrics, a.embedding_dim, a.no_usage,
-                  a.close_after_stream, a.models_503_while_loading)
+                  a.close_after_stream, a.models_503_while_loading, a.spawn_child)
 
 
 def announce(message: str) -> None:
     print(message, flush=True)
 
 
+# A worker in the engine's process group that ignores SIGTERM and lives on after the engine dies.
+CHILD = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)\n"
+
+
 async def serve(cfg: Config) -> None:
     emulator = Emulator(cfg)
+    if cfg.spawn_child:
+        child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.DEVNULL)
+        announce(f"emulator child pid {child.pid}")
     runner = web.AppRunner(emulator.app(), access_log=None, handle_signals=False)
     await runner.setup()
     if emulator.style.loading == "closed":
