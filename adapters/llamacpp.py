@@ -64,6 +64,8 @@ class _TokenCounter:
         self.first_token_at: float | None = None
         self.bias_ids = np.array(list(logit_bias), dtype=np.intc) if logit_bias else None
         self.bias_values = np.array(list(logit_bias.values()), dtype=np.single) if logit_bias else None
+        self.cancelled = threading.Event()
+        """Set when nobody waits for the result any more: generation stops at the next token."""
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         if self.prompt_tokens is None:
@@ -74,6 +76,12 @@ class _TokenCounter:
             scores = scores.copy()
             scores[self.bias_ids] += self.bias_values
         return scores
+
+    def stopping(self) -> Any:
+        """llama-cpp-python stopping criteria that end generation once `cancelled` is set."""
+        from llama_cpp import StoppingCriteriaList
+
+        return StoppingCriteriaList([lambda _ids, _logits: self.cancelled.is_set()])
 
 
 class LlamaCppAdapter(Adapter):
@@ -164,6 +172,7 @@ class LlamaCppAdapter(Adapter):
         if self._llm is not None:
             info["trained_context_length"] = self._llm._model.n_ctx_train()
             info["embedding_length"] = self._llm.n_embd()
+            info["vocab_size"] = self._llm.n_vocab()
         return info
 
     # -- request translation ----------------------------------------------------------------
@@ -250,7 +259,7 @@ class LlamaCppAdapter(Adapter):
             return await self._stream(lambda: self._llm.create_chat_completion(
                 stream=True, logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl", "chat.completion.chunk")
         return await self._complete(lambda: self._llm.create_chat_completion(
-            logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl")
+            logits_processor=[counter], stopping_criteria=counter.stopping(), **kwargs), counter, ctx, "chatcmpl")
 
     async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         kwargs = self._sampling(body)
@@ -267,7 +276,7 @@ class LlamaCppAdapter(Adapter):
         for prompt in prompts:
             counter = self._counter(body)
             results.append(await self._complete(lambda p=prompt, c=counter: self._llm.create_completion(
-                p, logits_processor=[c], **kwargs), counter, ctx, "cmpl"))
+                p, logits_processor=[c], stopping_criteria=c.stopping(), **kwargs), counter, ctx, "cmpl"))
         if len(results) == 1:
             return results[0]
         merged = results[0].body
@@ -294,8 +303,8 @@ class LlamaCppAdapter(Adapter):
             if self._embedder is None:
                 self._embedder = await loop.run_in_executor(self._embed_executor, lambda: self._load(embedding=True))
         inputs = body["input"]
-        if isinstance(inputs, list) and inputs and isinstance(inputs[0], int):
-            inputs = [inputs]
+        if isinstance(inputs, list) and inputs and not isinstance(inputs[0], str):
+            raise UnsupportedError("token-id input is not supported by the llamacpp engine's embeddings: send text", "input")
         try:
             result = await loop.run_in_executor(self._embed_executor, lambda: self._embedder.create_embedding(inputs))
         except ValueError as exc:
@@ -315,27 +324,28 @@ class LlamaCppAdapter(Adapter):
     # -- execution -------------------------------------------------------------------------
 
     async def _complete(self, call: Callable[[], dict[str, Any]], counter: _TokenCounter, ctx: RequestContext, prefix: str) -> Completion:
+        """Run `call` in the worker; when this coroutine is cancelled (the client left) a queued
+        call never runs and a running one stops at its next token."""
         self._require_loaded()
-        loop = asyncio.get_running_loop()
+        stream = ThreadStream()
 
-        def run() -> dict[str, Any]:
-            self._waiting(-1)
+        def work() -> None:
             self._running(+1)
             try:
-                return call()
+                stream.put(call())
             finally:
                 self._running(-1)
                 self._finished(counter)
 
         self._waiting(+1)
+        stream.run(self._executor, work, on_dequeue=lambda: self._waiting(-1))
+        result: dict[str, Any] = {}
         try:
-            result = await loop.run_in_executor(self._executor, run)
-        except (UnsupportedError, EngineError):
-            raise
-        except ValueError as exc:  # llama-cpp-python reports a prompt over the context this way
-            raise UnsupportedError(str(exc), "messages" if prefix == "chatcmpl" else "prompt") from exc
-        except Exception as exc:
-            raise EngineError(f"llama.cpp generation failed: {exc}") from exc
+            async for item in stream.items(_translator(prefix)):
+                result = item
+        finally:
+            stream.cancelled.set()
+            counter.cancelled.set()
         raw = result.get("usage") or {}
         usage = Usage(prompt_tokens=raw.get("prompt_tokens", 0), completion_tokens=raw.get("completion_tokens", 0))
         self._account(usage)
@@ -384,13 +394,8 @@ class LlamaCppAdapter(Adapter):
         created = int(time.time())
         finish_reason: str | None = None
 
-        def translate(exc: BaseException) -> Exception:
-            if isinstance(exc, ValueError):
-                return UnsupportedError(str(exc), "messages" if prefix == "chatcmpl" else "prompt")
-            return EngineError(f"llama.cpp generation failed: {exc}")
-
         try:
-            async for item in stream.items(translate):
+            async for item in stream.items(_translator(prefix)):
                 item["id"] = stream_id
                 item["model"] = ctx.model
                 choice = item["choices"][0] if item.get("choices") else {}
@@ -416,6 +421,17 @@ class LlamaCppAdapter(Adapter):
     def _require_loaded(self) -> None:
         if self._llm is None:
             raise EngineError(f"model {self.model.name or self.path} is not loaded", status=503, code="model_not_ready")
+
+
+def _translator(prefix: str) -> Callable[[BaseException], BaseException]:
+    def translate(exc: BaseException) -> BaseException:
+        if isinstance(exc, (UnsupportedError, EngineError)):
+            return exc
+        if isinstance(exc, ValueError):  # llama-cpp-python reports a prompt over the context this way
+            return UnsupportedError(str(exc), "messages" if prefix == "chatcmpl" else "prompt")
+        return EngineError(f"llama.cpp generation failed: {exc}")
+
+    return translate
 
 
 def _prompts(prompt: Any) -> list[Any]:

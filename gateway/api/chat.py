@@ -4,7 +4,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.api.errors import APIError
-from gateway.api.protocol import ChatCompletionRequest
+from gateway.api.protocol import ChatCompletionRequest, engine_body
 from gateway.api.serving import generate, parse_body, resolve_backend
 
 router = APIRouter()
@@ -12,7 +12,7 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    parsed, body = await parse_body(request, ChatCompletionRequest)
+    parsed = await parse_body(request, ChatCompletionRequest)
     backend = resolve_backend(request, parsed.model, "chat")
     caps = backend.adapter.capabilities
     if (parsed.n or 1) > 1 and not caps.n_choices:
@@ -25,4 +25,4 @@ async def chat_completions(request: Request) -> Response:
         schema = (parsed.response_format.json_schema or {}).get("schema")
         if not isinstance(schema, dict):
             raise APIError(400, "response_format.json_schema.schema must be a JSON schema object", param="response_format")
-    return await generate(request, backend, "chat", body, parsed.include_usage)
+    return await generate(request, backend, "chat", engine_body(parsed), parsed.include_usage)

@@ -4,16 +4,18 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.api.errors import APIError
-from gateway.api.protocol import CompletionRequest
+from gateway.api.protocol import CompletionRequest, engine_body
 from gateway.api.serving import generate, parse_body, resolve_backend
+from gateway.api.validate import check_token_ids
 
 router = APIRouter()
 
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    parsed, body = await parse_body(request, CompletionRequest)
+    parsed = await parse_body(request, CompletionRequest)
     backend = resolve_backend(request, parsed.model, "completions")
+    check_token_ids(parsed.prompt, "prompt", backend.adapter.describe())
     if (parsed.n or 1) > 1 and not backend.adapter.capabilities.n_choices:
         raise APIError(400, f"n > 1 is not supported by the {backend.engine} engine; send n separate requests", param="n")
-    return await generate(request, backend, "completions", body, parsed.include_usage)
+    return await generate(request, backend, "completions", engine_body(parsed), parsed.include_usage)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -15,7 +24,28 @@ class _Permissive(BaseModel):
 
 class ChatMessage(_Permissive):
     role: Role
-    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    function_call: dict[str, Any] | None = None
+    content: str | list[dict[str, Any]] | None = Field(default=None, validate_default=True)
+    """Required, except on an assistant message that carries tool calls."""
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v: str | list[dict[str, Any]] | None, info: ValidationInfo) -> str | list[dict[str, Any]] | None:
+        if v is None:
+            if info.data.get("role") == "assistant" and (info.data.get("tool_calls") or info.data.get("function_call")):
+                return v
+            raise ValueError("content is required: a string or a list of content parts")
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("content must not be an empty list")
+            for i, part in enumerate(v):
+                kind = part.get("type")
+                if not isinstance(kind, str) or not kind:
+                    raise ValueError(f"content part {i} needs a type (e.g. \"text\")")
+                if kind == "text" and not isinstance(part.get("text"), str):
+                    raise ValueError(f"content part {i} is of type text but has no text")
+        return v
 
 
 class StreamOptions(_Permissive):
@@ -66,29 +96,51 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
+TokenInput = str | list[str] | list[StrictInt] | list[list[StrictInt]]
+"""Text, texts, token ids, or lists of token ids (never floats or booleans passed off as ids)."""
+
+
+def check_inputs(v: Any, handler: ValidatorFunctionWrapHandler, name: str) -> Any:
+    """One of the TokenInput forms; no empty text, no empty list, no negative token id (the upper
+    bound is the model's: api/validate.py)."""
+    try:
+        v = handler(v)
+    except ValidationError:
+        raise ValueError(f"{name} must be a string, a list of strings, a list of token ids (integers) "
+                         "or a list of token-id lists") from None
+    items = v if isinstance(v, list) and v and not isinstance(v[0], int) else [v]
+    for i, item in enumerate(items):
+        where = name if len(items) == 1 and item is v else f"{name}[{i}]"
+        if isinstance(item, str | list) and not item:
+            raise ValueError(f"{where} must not be empty")
+        if isinstance(item, list) and any(t < 0 for t in item):
+            raise ValueError(f"{where}: token ids must be >= 0")
+    return v
+
+
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: TokenInput
     echo: bool = False
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="wrap")
     @classmethod
-    def _non_empty(cls, v: Any) -> Any:
-        if isinstance(v, list) and not v:
-            raise ValueError("prompt must not be empty")
-        return v
+    def _valid(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return check_inputs(v, handler, "prompt")
 
 
 class EmbeddingRequest(_Permissive):
     model: str = Field(min_length=1)
-    input: str | list[str] | list[int] | list[list[int]]
+    input: TokenInput
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
 
-    @field_validator("input")
+    @field_validator("input", mode="wrap")
     @classmethod
-    def _non_empty(cls, v: Any) -> Any:
-        if isinstance(v, list) and not v:
-            raise ValueError("input must not be empty")
-        if v == "":
-            raise ValueError("input must not be empty")
-        return v
+    def _valid(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return check_inputs(v, handler, "input")
+
+
+def engine_body(parsed: BaseModel) -> dict[str, Any]:
+    """What the engine receives: the validated request (coerced values, unknown fields kept),
+    never the raw body."""
+    return parsed.model_dump(exclude_unset=True, by_alias=True)

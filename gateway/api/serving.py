@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from adapters.base import ClientRequestError, Completion, EngineError, RequestContext, StreamEvent, UnsupportedError
+from gateway.api.disconnect import ClientGone, unless_disconnected
 from gateway.api.errors import APIError, error_payload
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.routing import Backend, QueueFull
@@ -24,11 +26,12 @@ log = logging.getLogger("enginegate.api")
 Operation = Literal["chat", "completions", "embeddings"]
 M = TypeVar("M", bound=BaseModel)
 
+CLIENT_CLOSED = 499  # nginx's status for a request its client abandoned; never seen by that client
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
 
 
-async def parse_body(request: Request, model: type[M]) -> tuple[M, dict[str, Any]]:
+async def parse_body(request: Request, model: type[M]) -> M:
     raw = await request.body()
     try:
         body = orjson.loads(raw)
@@ -40,9 +43,22 @@ async def parse_body(request: Request, model: type[M]) -> tuple[M, dict[str, Any
         parsed = model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
+        param = _param(first["loc"])
         raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from exc
-    return parsed, body
+    return parsed
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    """The field path of a validation error, without pydantic's union-member tags (`str`, `list[str]`)."""
+    path: list[str] = []
+    for part in loc:
+        if isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or "-" in part):
+            break
+        path.append(str(part))
+    return ".".join(path) or None
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "bytes", "none"})
 
 
 def runtime(request: Request) -> Runtime:
@@ -88,15 +104,15 @@ async def generate(request: Request, backend: Backend, operation: Operation, bod
     arrived = time.perf_counter()
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
-    await admit(request, backend)
-    timing = request_timing(request.scope)
     try:
-        with timing.upstream_span():
-            result = await getattr(backend.adapter, operation)(body, ctx)
-    except BaseException as exc:
-        backend.admission.release()
-        _count_error(m, backend, exc)
-        raise
+        result = await unless_disconnected(
+            request.receive, _admitted_call(request, backend, operation, body, ctx), lambda r: _discard(r, backend)
+        )
+    except ClientGone:
+        m.disconnects.labels(backend.model_id, backend.engine).inc()
+        m.errors.labels(backend.model_id, "cancelled").inc()
+        log.info("client disconnected before the response to %s; its work was cancelled", backend.model_id)
+        return Response(status_code=CLIENT_CLOSED)
     if isinstance(result, Completion):
         backend.admission.release()
         if result.usage is not None:
@@ -106,8 +122,36 @@ async def generate(request: Request, backend: Backend, operation: Operation, bod
         content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
         return Response(content, status_code=result.status, media_type="application/json")
     return StreamingResponse(
-        _sse(TimedStream(result, timing), backend, m, arrived), media_type="text/event-stream", headers=SSE_HEADERS
+        _sse(TimedStream(result, request_timing(request.scope)), backend, m, arrived),
+        media_type="text/event-stream", headers=SSE_HEADERS,
     )
+
+
+async def _admitted_call(request: Request, backend: Backend, operation: Operation, body: dict[str, Any],
+                         ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+    """Wait for a slot, then run the operation; the slot is the caller's to release on success."""
+    await admit(request, backend)
+    try:
+        with request_timing(request.scope).upstream_span():
+            return await getattr(backend.adapter, operation)(body, ctx)  # type: ignore[no-any-return]
+    except BaseException as exc:
+        backend.admission.release()
+        if isinstance(exc, Exception):
+            _count_error(metrics(request), backend, exc)
+        raise
+
+
+def _discard(result: Completion | AsyncIterator[StreamEvent], backend: Backend) -> None:
+    """A result nobody will read: free its slot, and close a stream so its generation stops."""
+    backend.admission.release()
+    close = getattr(result, "aclose", None)
+    if close is not None:
+        task = asyncio.ensure_future(close())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+
+_closing: set[asyncio.Future[Any]] = set()
 
 
 async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayMetrics, arrived: float) -> AsyncIterator[bytes]:

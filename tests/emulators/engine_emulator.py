@@ -550,7 +550,8 @@ async def serve(cfg: Config) -> None:
     if cfg.spawn_child:
         child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.DEVNULL)
         announce(f"emulator child pid {child.pid}")
-    runner = web.AppRunner(emulator.app(), access_log=None, handle_signals=False)
+    # handler_cancellation: like real engines, a request whose client left stops generating
+    runner = web.AppRunner(emulator.app(), access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     if emulator.style.loading == "closed":
         await asyncio.sleep(cfg.startup_delay)
