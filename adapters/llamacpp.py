@@ -57,7 +57,7 @@ class _TokenCounter:
     the engine-side time to first token, measured from the request's submission (executor wait included).
     """
 
-    def __init__(self, logit_bias: dict[int, float] | None = None) -> None:
+    def __init__(self, logit_bias: dict[int, float] | None = None, end_token: int | None = None) -> None:
         self.prompt_tokens: int | None = None
         self.sampled = 0
         self.submitted_at = time.perf_counter()
@@ -65,23 +65,23 @@ class _TokenCounter:
         self.bias_ids = np.array(list(logit_bias), dtype=np.intc) if logit_bias else None
         self.bias_values = np.array(list(logit_bias.values()), dtype=np.single) if logit_bias else None
         self.cancelled = threading.Event()
-        """Set when nobody waits for the result any more: generation stops at the next token."""
+        """Set when nobody waits for the result any more: the next token sampled is end-of-generation
+        (llama-cpp-python's chat API takes no stopping criteria; every call takes this processor)."""
+        self.end_token = end_token
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         if self.prompt_tokens is None:
             self.prompt_tokens = len(input_ids)
             self.first_token_at = time.perf_counter()
         self.sampled += 1
+        if self.cancelled.is_set() and self.end_token is not None:
+            ended = np.full_like(scores, -np.inf)
+            ended[self.end_token] = 0.0
+            return ended
         if self.bias_ids is not None:
             scores = scores.copy()
             scores[self.bias_ids] += self.bias_values
         return scores
-
-    def stopping(self) -> Any:
-        """llama-cpp-python stopping criteria that end generation once `cancelled` is set."""
-        from llama_cpp import StoppingCriteriaList
-
-        return StoppingCriteriaList([lambda _ids, _logits: self.cancelled.is_set()])
 
 
 class LlamaCppAdapter(Adapter):
@@ -191,8 +191,9 @@ class LlamaCppAdapter(Adapter):
 
     def _counter(self, body: dict[str, Any]) -> _TokenCounter:
         raw = body.get("logit_bias")
+        end = self._llm.token_eos() if self._llm is not None else None
         if not raw:
-            return _TokenCounter()
+            return _TokenCounter(end_token=end)
         try:
             bias = {int(k): max(-100.0, min(100.0, float(v))) for k, v in raw.items()}
         except (TypeError, ValueError) as exc:
@@ -200,7 +201,7 @@ class LlamaCppAdapter(Adapter):
         n_vocab = self._llm.n_vocab() if self._llm is not None else 0
         if any(not 0 <= k < n_vocab for k in bias):
             raise UnsupportedError(f"logit_bias token ids must be in [0, {n_vocab})", "logit_bias")
-        return _TokenCounter(bias)
+        return _TokenCounter(bias, end_token=end)
 
     @staticmethod
     def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -259,7 +260,7 @@ class LlamaCppAdapter(Adapter):
             return await self._stream(lambda: self._llm.create_chat_completion(
                 stream=True, logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl", "chat.completion.chunk")
         return await self._complete(lambda: self._llm.create_chat_completion(
-            logits_processor=[counter], stopping_criteria=counter.stopping(), **kwargs), counter, ctx, "chatcmpl")
+            logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl")
 
     async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         kwargs = self._sampling(body)
@@ -276,7 +277,7 @@ class LlamaCppAdapter(Adapter):
         for prompt in prompts:
             counter = self._counter(body)
             results.append(await self._complete(lambda p=prompt, c=counter: self._llm.create_completion(
-                p, logits_processor=[c], stopping_criteria=c.stopping(), **kwargs), counter, ctx, "cmpl"))
+                p, logits_processor=[c], **kwargs), counter, ctx, "cmpl"))
         if len(results) == 1:
             return results[0]
         merged = results[0].body
