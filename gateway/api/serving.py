@@ -15,7 +15,8 @@ from starlette.responses import Response, StreamingResponse
 
 from adapters.base import ClientRequestError, Completion, EngineError, RequestContext, StreamEvent, UnsupportedError
 from gateway.api.disconnect import ClientGone, unless_disconnected
-from gateway.api.errors import APIError, error_payload
+from gateway.api.errors import CLIENT_CLOSED, APIError, error_payload, error_response
+from gateway.drain import SHUTTING_DOWN, Drain
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.routing import Backend, QueueFull
 from gateway.runtime import Runtime
@@ -26,9 +27,9 @@ log = logging.getLogger("enginegate.api")
 Operation = Literal["chat", "completions", "embeddings"]
 M = TypeVar("M", bound=BaseModel)
 
-CLIENT_CLOSED = 499  # nginx's status for a request its client abandoned; never seen by that client
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
+SHUTDOWN_MESSAGE = "the gateway is shutting down: the drain grace period ended before this request finished"
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
@@ -69,10 +70,23 @@ def metrics(request: Request) -> GatewayMetrics:
     return request.app.state.metrics  # type: ignore[no-any-return]
 
 
+MAX_ECHOED_NAME = 64
+MAX_LISTED_MODELS = 20
+
+
+def model_not_found(request: Request, name: str) -> APIError:
+    """404 naming (at most 64 characters of) the unknown model and the models served here."""
+    shown = name if len(name) <= MAX_ECHOED_NAME else name[:MAX_ECHOED_NAME] + "..."
+    served = [b.model_id for b in runtime(request).models]
+    listed = ", ".join(served[:MAX_LISTED_MODELS]) + (", ..." if len(served) > MAX_LISTED_MODELS else "")
+    return APIError(404, f"The model `{shown}` does not exist; served here: {listed or 'none'}",
+                    param="model", code="model_not_found")
+
+
 def resolve_backend(request: Request, model: str, operation: Operation) -> Backend:
     backend = runtime(request).models.get(model)
     if backend is None:
-        raise APIError(404, f"The model `{model}` does not exist", param="model", code="model_not_found")
+        raise model_not_found(request, model)
     set_model_label(request.scope, backend.model_id)
     if not backend.adapter.capabilities.supports(operation):
         raise APIError(
@@ -104,10 +118,19 @@ async def generate(request: Request, backend: Backend, operation: Operation, bod
     arrived = time.perf_counter()
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
+    drain = request.app.state.drain
     try:
-        result = await unless_disconnected(
-            request.receive, _admitted_call(request, backend, operation, body, ctx), lambda r: _discard(r, backend)
-        )
+        with drain.guard():
+            try:
+                result = await unless_disconnected(
+                    request.receive, _admitted_call(request, backend, operation, body, ctx), lambda r: _discard(r, backend)
+                )
+            except asyncio.CancelledError:
+                if not drain.ending():
+                    raise
+                m.errors.labels(backend.model_id, "cancelled").inc()
+                return error_response(503, SHUTDOWN_MESSAGE, code=SHUTTING_DOWN,
+                                      headers={"Retry-After": str(drain.retry_after)})
     except ClientGone:
         m.disconnects.labels(backend.model_id, backend.engine).inc()
         m.errors.labels(backend.model_id, "cancelled").inc()
@@ -122,7 +145,7 @@ async def generate(request: Request, backend: Backend, operation: Operation, bod
         content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
         return Response(content, status_code=result.status, media_type="application/json")
     return StreamingResponse(
-        _sse(TimedStream(result, request_timing(request.scope)), backend, m, arrived),
+        _sse(TimedStream(result, request_timing(request.scope)), backend, m, arrived, drain),
         media_type="text/event-stream", headers=SSE_HEADERS,
     )
 
@@ -154,56 +177,65 @@ def _discard(result: Completion | AsyncIterator[StreamEvent], backend: Backend) 
 _closing: set[asyncio.Future[Any]] = set()
 
 
-async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayMetrics, arrived: float) -> AsyncIterator[bytes]:
+async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayMetrics, arrived: float,
+               drain: Drain) -> AsyncIterator[bytes]:
     first_at: float | None = None
     last_at = arrived
     usage = None
     ended = False
-    try:
+    with drain.guard():  # the drain may end this stream (an error event, then the end)
         try:
-            async for event in events:
-                if event.has_content:
-                    now = time.perf_counter()
-                    if first_at is None:
-                        first_at = now
-                        m.ttft.labels(backend.model_id, backend.engine).observe(first_at - arrived)
-                    else:
-                        m.itl.labels(backend.model_id, backend.engine).observe(now - last_at)
-                    last_at = now
-                if event.usage is not None:
-                    usage = event.usage
-                if event.is_error:
-                    m.errors.labels(backend.model_id, "engine_stream").inc()
-                if event.data:
-                    yield b"data: " + event.data + b"\n\n"
-                if event.is_error:
-                    ended = True
-                    return
-        except (EngineError, UnsupportedError, ClientRequestError) as exc:
-            _count_error(m, backend, exc)
+            try:
+                async for event in events:
+                    if event.has_content:
+                        now = time.perf_counter()
+                        if first_at is None:
+                            first_at = now
+                            m.ttft.labels(backend.model_id, backend.engine).observe(first_at - arrived)
+                        else:
+                            m.itl.labels(backend.model_id, backend.engine).observe(now - last_at)
+                        last_at = now
+                    if event.usage is not None:
+                        usage = event.usage
+                    if event.is_error:
+                        m.errors.labels(backend.model_id, "engine_stream").inc()
+                    if event.data:
+                        yield b"data: " + event.data + b"\n\n"
+                    if event.is_error:
+                        ended = True
+                        return
+            except asyncio.CancelledError:
+                if not drain.ending():
+                    raise
+                m.errors.labels(backend.model_id, "cancelled").inc()
+                ended = True
+                yield b"data: " + orjson.dumps(error_payload(503, SHUTDOWN_MESSAGE, code=SHUTTING_DOWN)) + b"\n\n"
+                return
+            except (EngineError, UnsupportedError, ClientRequestError) as exc:
+                _count_error(m, backend, exc)
+                ended = True
+                status = getattr(exc, "status", 400)
+                yield b"data: " + orjson.dumps(error_payload(status, exc.message)) + b"\n\n"
+                return
+            except Exception as exc:  # never a hung or half-open stream
+                log.exception("stream failed")
+                _count_error(m, backend, exc)
+                ended = True
+                yield b"data: " + orjson.dumps(error_payload(500, f"stream failed: {type(exc).__name__}")) + b"\n\n"
+                return
             ended = True
-            status = getattr(exc, "status", 400)
-            yield b"data: " + orjson.dumps(error_payload(status, exc.message)) + b"\n\n"
-            return
-        except Exception as exc:  # never a hung or half-open stream
-            log.exception("stream failed")
-            _count_error(m, backend, exc)
-            ended = True
-            yield b"data: " + orjson.dumps(error_payload(500, f"stream failed: {type(exc).__name__}")) + b"\n\n"
-            return
-        ended = True
-        m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
-        yield DONE
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
-        backend.admission.release()
-        if not ended:
-            m.disconnects.labels(backend.model_id, backend.engine).inc()
-            log.info("client disconnected from a %s stream; generation cancelled", backend.model_id)
-        if usage is not None:
-            _count_tokens(m, backend, usage.prompt_tokens, usage.completion_tokens)
-            if first_at is not None and usage.completion_tokens > 1:
-                m.tpot.labels(backend.model_id, backend.engine).observe((last_at - first_at) / (usage.completion_tokens - 1))
+            m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
+            yield DONE
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+            backend.admission.release()
+            if not ended:
+                m.disconnects.labels(backend.model_id, backend.engine).inc()
+                log.info("client disconnected from a %s stream; generation cancelled", backend.model_id)
+            if usage is not None:
+                _count_tokens(m, backend, usage.prompt_tokens, usage.completion_tokens)
+                if first_at is not None and usage.completion_tokens > 1:
+                    m.tpot.labels(backend.model_id, backend.engine).observe((last_at - first_at) / (usage.completion_tokens - 1))
 
 
 def _count_tokens(m: GatewayMetrics, backend: Backend, prompt: int, completion: int) -> None:
