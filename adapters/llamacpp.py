@@ -34,6 +34,7 @@ from adapters.base import (
     UnsupportedError,
     Usage,
 )
+from adapters.llamacpp_requests import text_messages, translator
 from adapters.thread_stream import ThreadStream
 from gateway.config import ModelConfig
 
@@ -64,9 +65,8 @@ class _TokenCounter:
         self.first_token_at: float | None = None
         self.bias_ids = np.array(list(logit_bias), dtype=np.intc) if logit_bias else None
         self.bias_values = np.array(list(logit_bias.values()), dtype=np.single) if logit_bias else None
+        # set when nobody waits for the result: end-of-generation becomes the only choice
         self.cancelled = threading.Event()
-        """Set when nobody waits for the result any more: the next token sampled is end-of-generation
-        (llama-cpp-python's chat API takes no stopping criteria; every call takes this processor)."""
         self.end_token = end_token
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
@@ -248,7 +248,7 @@ class LlamaCppAdapter(Adapter):
 
     async def chat(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         kwargs = self._sampling(body)
-        kwargs["messages"] = body["messages"]
+        kwargs["messages"] = text_messages(body["messages"])
         fmt = self._response_format(body)
         if fmt is not None:
             kwargs["response_format"] = fmt
@@ -325,8 +325,7 @@ class LlamaCppAdapter(Adapter):
     # -- execution -------------------------------------------------------------------------
 
     async def _complete(self, call: Callable[[], dict[str, Any]], counter: _TokenCounter, ctx: RequestContext, prefix: str) -> Completion:
-        """Run `call` in the worker; when this coroutine is cancelled (the client left) a queued
-        call never runs and a running one stops at its next token."""
+        """Run `call` in the worker; cancelled (client gone), a queued call never runs, a running one stops."""
         self._require_loaded()
         stream = ThreadStream()
 
@@ -342,7 +341,7 @@ class LlamaCppAdapter(Adapter):
         stream.run(self._executor, work, on_dequeue=lambda: self._waiting(-1))
         result: dict[str, Any] = {}
         try:
-            async for item in stream.items(_translator(prefix)):
+            async for item in stream.items(translator(prefix)):
                 result = item
         finally:
             stream.cancelled.set()
@@ -396,7 +395,7 @@ class LlamaCppAdapter(Adapter):
         finish_reason: str | None = None
 
         try:
-            async for item in stream.items(_translator(prefix)):
+            async for item in stream.items(translator(prefix)):
                 item["id"] = stream_id
                 item["model"] = ctx.model
                 choice = item["choices"][0] if item.get("choices") else {}
@@ -422,17 +421,6 @@ class LlamaCppAdapter(Adapter):
     def _require_loaded(self) -> None:
         if self._llm is None:
             raise EngineError(f"model {self.model.name or self.path} is not loaded", status=503, code="model_not_ready")
-
-
-def _translator(prefix: str) -> Callable[[BaseException], BaseException]:
-    def translate(exc: BaseException) -> BaseException:
-        if isinstance(exc, (UnsupportedError, EngineError)):
-            return exc
-        if isinstance(exc, ValueError):  # llama-cpp-python reports a prompt over the context this way
-            return UnsupportedError(str(exc), "messages" if prefix == "chatcmpl" else "prompt")
-        return EngineError(f"llama.cpp generation failed: {exc}")
-
-    return translate
 
 
 def _prompts(prompt: Any) -> list[Any]:

@@ -12,6 +12,7 @@ from adapters.base import EngineError
 
 from gateway.api import chat, completions, embeddings, engines, health, models, observe, status
 from gateway.api.errors import install_error_handlers
+from gateway.api.openapi import install_openapi
 from gateway.config import Settings
 from gateway.drain import Drain, DrainMiddleware
 from gateway.metrics import GatewayMetrics, MetricsMiddleware
@@ -31,6 +32,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.drain = Drain(settings.shutdown_grace_seconds, settings.retry_after_seconds)
     app.state.startup_error = None
     install_error_handlers(app)
+    install_openapi(app)
     for module in (chat, completions, embeddings, models, health, observe, status, engines):
         app.include_router(module.router)
     # Outermost first at request time: metrics see every request, the drain refuses new ones,

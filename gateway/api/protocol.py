@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -12,6 +12,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
+    WithJsonSchema,
     field_validator,
 )
 
@@ -22,11 +23,21 @@ class _Permissive(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+_TEXT_PART = {"type": "object", "required": ["type", "text"],
+              "properties": {"type": {"type": "string", "minLength": 1}, "text": {"type": "string"}}}
+_CONTENT_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _TEXT_PART}, {"type": "null"}],
+                   "description": "Required, except on an assistant message that carries tool_calls"}
+
+
 class ChatMessage(_Permissive):
+    model_config = ConfigDict(extra="allow", json_schema_extra={"required": ["role", "content"]})
+
     role: Role
     tool_calls: list[dict[str, Any]] | None = None
     function_call: dict[str, Any] | None = None
-    content: str | list[dict[str, Any]] | None = Field(default=None, validate_default=True)
+    content: Annotated[str | list[dict[str, Any]] | None, WithJsonSchema(_CONTENT_SCHEMA)] = Field(
+        default=None, validate_default=True
+    )
     """Required, except on an assistant message that carries tool calls."""
 
     @field_validator("content")
@@ -66,18 +77,14 @@ class _Sampling(_Permissive):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     n: int | None = Field(default=None, ge=1, le=128)
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
     seed: int | None = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_limit(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 4:
-            raise ValueError("at most 4 stop sequences")
-        return v
+    logit_bias: Annotated[dict[str, float], WithJsonSchema({
+        "type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+        "description": "token id -> bias"})] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -96,7 +103,16 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-TokenInput = str | list[str] | list[StrictInt] | list[list[StrictInt]]
+_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+TokenInput = Annotated[
+    str | list[str] | list[StrictInt] | list[list[StrictInt]],
+    WithJsonSchema({"anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+        _IDS,
+        {"type": "array", "minItems": 1, "items": _IDS},
+    ]}),
+]
 """Text, texts, token ids, or lists of token ids (never floats or booleans passed off as ids)."""
 
 

@@ -48,3 +48,12 @@ def test_valid_token_ids_still_work(gw: RunningGateway) -> None:
     r = httpx.post(gw.url + "/v1/completions", json={"model": MODEL, "max_tokens": 2, "prompt": [1, 2, 3]}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == 3
+
+
+def test_text_content_parts_are_served_and_other_parts_refused(gw: RunningGateway) -> None:
+    parts = [{"type": "text", "text": "Say hi."}, {"type": "text", "text": "Briefly."}]
+    ok = httpx.post(gw.url + "/v1/chat/completions", json=chat(content=parts), timeout=60)
+    assert ok.status_code == 200, ok.text  # was a 500: the chat template concatenated a list
+    image = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    refused = httpx.post(gw.url + "/v1/chat/completions", json=chat(content=image), timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages.0.content"
