@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -183,3 +185,40 @@ async def test_the_supervisor_never_dies_silently(tmp_path: Path, caplog: pytest
         assert process.state is ProcessState.READY
     finally:
         await process.stop()
+
+
+KILLED_GATEWAY = """
+import asyncio, re, sys
+from pathlib import Path
+from tests.integration.emulated_engine import emulated
+
+async def main():
+    engine = emulated(Path(sys.argv[1]), "vllm", "--spawn-child")
+    await engine.start()
+    while not engine.process.saw("emulator child pid"):
+        await asyncio.sleep(0.05)
+    child = re.search(r"emulator child pid (\\d+)", "\\n".join(engine.logs(50))).group(1)
+    print(engine.process.pid, child, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def test_a_killed_gateway_leaves_no_engine_worker(tmp_path: Path) -> None:
+    """SIGKILL: no atexit, no stop(). The parent-death signal ends the engine; the watchdog its group."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    gateway = subprocess.Popen([sys.executable, "-c", KILLED_GATEWAY, str(tmp_path)], cwd=REPO_ROOT, env=env,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert gateway.stdout is not None
+        engine_pid, child_pid = map(int, gateway.stdout.readline().split())
+        assert alive(engine_pid) and alive(child_pid)
+    finally:
+        gateway.kill()
+        gateway.wait()
+    deadline = time.monotonic() + 20
+    while group_members(engine_pid):
+        assert time.monotonic() < deadline, f"left behind: {group_members(engine_pid)}"
+        time.sleep(0.05)
+    assert not alive(child_pid)
