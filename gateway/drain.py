@@ -39,17 +39,24 @@ class Drain:
         self._guarded: set[asyncio.Task[object]] = set()
         self._ended: set[asyncio.Task[object]] = set()
 
-    @contextmanager
-    def guard(self) -> Iterator[None]:
-        """Register the current task as one the drain may end at expiry."""
+    def register(self) -> asyncio.Task[object]:
+        """Register the current task as one the drain may end at expiry; `unregister` it after."""
         task = asyncio.current_task()
         assert task is not None
         self._guarded.add(task)
+        return task
+
+    def unregister(self, task: asyncio.Task[object]) -> None:
+        self._guarded.discard(task)
+        self._ended.discard(task)
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        task = self.register()
         try:
             yield
         finally:
-            self._guarded.discard(task)
-            self._ended.discard(task)
+            self.unregister(task)
 
     def ending(self) -> bool:
         """True in a task the drain is ending (it cancelled it); the caller uncancels and finishes."""

@@ -183,59 +183,60 @@ async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayM
     last_at = arrived
     usage = None
     ended = False
-    with drain.guard():  # the drain may end this stream (an error event, then the end)
+    guarded = drain.register()  # the drain may end this stream: an error event, then the end
+    try:
         try:
-            try:
-                async for event in events:
-                    if event.has_content:
-                        now = time.perf_counter()
-                        if first_at is None:
-                            first_at = now
-                            m.ttft.labels(backend.model_id, backend.engine).observe(first_at - arrived)
-                        else:
-                            m.itl.labels(backend.model_id, backend.engine).observe(now - last_at)
-                        last_at = now
-                    if event.usage is not None:
-                        usage = event.usage
-                    if event.is_error:
-                        m.errors.labels(backend.model_id, "engine_stream").inc()
-                    if event.data:
-                        yield b"data: " + event.data + b"\n\n"
-                    if event.is_error:
-                        ended = True
-                        return
-            except asyncio.CancelledError:
-                if not drain.ending():
-                    raise
-                m.errors.labels(backend.model_id, "cancelled").inc()
-                ended = True
-                yield b"data: " + orjson.dumps(error_payload(503, SHUTDOWN_MESSAGE, code=SHUTTING_DOWN)) + b"\n\n"
-                return
-            except (EngineError, UnsupportedError, ClientRequestError) as exc:
-                _count_error(m, backend, exc)
-                ended = True
-                status = getattr(exc, "status", 400)
-                yield b"data: " + orjson.dumps(error_payload(status, exc.message)) + b"\n\n"
-                return
-            except Exception as exc:  # never a hung or half-open stream
-                log.exception("stream failed")
-                _count_error(m, backend, exc)
-                ended = True
-                yield b"data: " + orjson.dumps(error_payload(500, f"stream failed: {type(exc).__name__}")) + b"\n\n"
-                return
+            async for event in events:
+                if event.has_content:
+                    now = time.perf_counter()
+                    if first_at is None:
+                        first_at = now
+                        m.ttft.labels(backend.model_id, backend.engine).observe(first_at - arrived)
+                    else:
+                        m.itl.labels(backend.model_id, backend.engine).observe(now - last_at)
+                    last_at = now
+                if event.usage is not None:
+                    usage = event.usage
+                if event.is_error:
+                    m.errors.labels(backend.model_id, "engine_stream").inc()
+                if event.data:
+                    yield b"data: " + event.data + b"\n\n"
+                if event.is_error:
+                    ended = True
+                    return
+        except asyncio.CancelledError:
+            if not drain.ending():
+                raise
+            m.errors.labels(backend.model_id, "cancelled").inc()
             ended = True
-            m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
-            yield DONE
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-            backend.admission.release()
-            if not ended:
-                m.disconnects.labels(backend.model_id, backend.engine).inc()
-                log.info("client disconnected from a %s stream; generation cancelled", backend.model_id)
-            if usage is not None:
-                _count_tokens(m, backend, usage.prompt_tokens, usage.completion_tokens)
-                if first_at is not None and usage.completion_tokens > 1:
-                    m.tpot.labels(backend.model_id, backend.engine).observe((last_at - first_at) / (usage.completion_tokens - 1))
+            yield b"data: " + orjson.dumps(error_payload(503, SHUTDOWN_MESSAGE, code=SHUTTING_DOWN)) + b"\n\n"
+            return
+        except (EngineError, UnsupportedError, ClientRequestError) as exc:
+            _count_error(m, backend, exc)
+            ended = True
+            status = getattr(exc, "status", 400)
+            yield b"data: " + orjson.dumps(error_payload(status, exc.message)) + b"\n\n"
+            return
+        except Exception as exc:  # never a hung or half-open stream
+            log.exception("stream failed")
+            _count_error(m, backend, exc)
+            ended = True
+            yield b"data: " + orjson.dumps(error_payload(500, f"stream failed: {type(exc).__name__}")) + b"\n\n"
+            return
+        ended = True
+        m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
+        yield DONE
+    finally:
+        drain.unregister(guarded)
+        await events.aclose()  # type: ignore[attr-defined]
+        backend.admission.release()
+        if not ended:
+            m.disconnects.labels(backend.model_id, backend.engine).inc()
+            log.info("client disconnected from a %s stream; generation cancelled", backend.model_id)
+        if usage is not None:
+            _count_tokens(m, backend, usage.prompt_tokens, usage.completion_tokens)
+            if first_at is not None and usage.completion_tokens > 1:
+                m.tpot.labels(backend.model_id, backend.engine).observe((last_at - first_at) / (usage.completion_tokens - 1))
 
 
 def _count_tokens(m: GatewayMetrics, backend: Backend, prompt: int, completion: int) -> None:
