@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from gateway.hardware import HardwareSnapshot, detect
 from gateway.modelsource import ModelSourceError, embedded_model_path
 from gateway.planning import (
@@ -19,6 +21,7 @@ from gateway.planning import (
     load_workload,
     plan,
 )
+from gateway.planning.workload import validation_message
 
 
 def describe(p: Plan) -> str:
@@ -26,7 +29,9 @@ def describe(p: Plan) -> str:
     lines = [f"engine   {p.engine}" + ("" if p.installed else "  (not installed)")]
     lines += [f"options  {k}={v}" for k, v in p.options.items()]
     lines += [f"why      {r}" for r in p.reasons]
+    lines += _figures(p)
     lines += [f"warning  {w}" for w in p.warnings]
+    lines += [f"assumed  {a}" for a in p.assumed]
     failed = {r.engine for r in p.rejected}
     lines += [
         f"ranked   {c.rank}. {c.engine} [rule: {c.rule}]" + (" -> rejected below" if c.engine in failed else "")
@@ -39,10 +44,48 @@ def describe(p: Plan) -> str:
     return "\n".join(lines)
 
 
+def _figures(p: Plan) -> list[str]:
+    """The capacity figures on their own lines: memory, concurrency at typical and full context, GPUs, speed."""
+    c = p.capacity
+    if c is None:
+        return []
+    usable = f"{c.usable_bytes / 1e9:.1f} GB usable" if c.memory_known else "memory size unknown"
+    lines = [
+        f"memory   {c.required_bytes / 1e9:.1f} GB needed ({c.kv_sizing} KV), {usable} in {c.memory}"
+        + (f" x {c.replicas} replicas" if c.replicas > 1 else "")
+    ]
+    if c.memory_known and c.fit != "none":
+        lines.append(
+            f"kv room  {c.kv_pool_bytes / 1e9:.1f} GB: {c.concurrency_at_typical} sequences at once of "
+            f"{c.sequence_tokens} tokens (typical), {c.concurrency_at_full} at the full {c.context_length}"
+            + (" per replica" if c.replicas > 1 else "")
+        )
+    if c.gpus or c.free_gpus:
+        used = ",".join(map(str, c.gpus)) or "none"
+        free = ",".join(map(str, c.free_gpus)) or "none"
+        lines.append(f"gpus     used {used} (tensor parallel {p.options.get('tensor_parallel', 1)}, "
+                     f"pipeline {p.options.get('pipeline_parallel', 1)}); free {free}")
+    if c.decode_tokens_per_s is not None:
+        agg = (
+            f"; <= {c.aggregate_tokens_per_s:.0f} tokens/s aggregate over {c.concurrency}"
+            if c.aggregate_tokens_per_s is not None and c.concurrency > 1
+            else ""
+        )
+        lines.append(f"speed    <= {c.decode_tokens_per_s:.1f} tokens/s per sequence{agg}")
+    return lines
+
+
+def _snapshot(path: Path) -> HardwareSnapshot:
+    try:
+        return HardwareSnapshot.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        raise ValueError(validation_message(path, exc) + " (expected `enginegate detect --json` output)") from None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(Path(args.model) if args.model else embedded_model_path())
-        snapshot = HardwareSnapshot.model_validate_json(Path(args.hardware).read_text()) if args.hardware else detect()
+        snapshot = _snapshot(Path(args.hardware)) if args.hardware else detect()
         workload = load_workload(Path(args.workload)) if args.workload else Workload()
         installed = None
         if args.installed is not None:

@@ -27,7 +27,7 @@ def parse_system_profiler(text: str, memsize: int | None) -> AppleInfo:
         chip=str(chip),
         unified_memory_bytes=memsize,
         gpu_cores=int(cores) if cores is not None else None,
-        figures=figures_for(str(chip)),
+        figures=figures_for(str(chip), gpu_cores=int(cores) if cores is not None else None),
     )
 
 

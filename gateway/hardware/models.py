@@ -38,6 +38,8 @@ class DeviceFigures(_Frozen):
     memory_bandwidth_gbps: float | None = None
     peak_dense_tflops: float | None = None
     """16-bit dense tensor throughput (no sparsity)."""
+    memory_gb: float | None = None
+    """Datasheet capacity (1e9 bytes); the planner uses it only when the driver reports no memory size."""
     source: str | None = None
 
 

@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict
 from gateway.planning.specs import ModelSpec
 
 KvDtype = Literal["fp16", "bf16", "fp8", "q8_0", "q4_0"]
+KvSizing = Literal["paged", "reserved"]
+"""paged: engines that allocate KV in blocks as sequences grow (vLLM, SGLang, TensorRT-LLM, ExLlama's
+dynamic generator): sized for the typical sequence x concurrency, with room for one at full context.
+reserved: engines that reserve full context per slot up front (llama.cpp, MLX)."""
 Fit = Literal["fast", "system", "none"]
 MemoryKind = Literal["vram", "unified", "system", "split"]
 """split: GPU memory and system RAM together (a partial offload)."""
@@ -56,6 +60,19 @@ def kv_bytes(spec: ModelSpec, tokens: int, kv_dtype: KvDtype = "fp16") -> int:
     return int(full * tokens + windowed * min(tokens, window))
 
 
+def paged_kv_bytes(spec: ModelSpec, context: int, concurrency: int, typical_tokens: int, kv_dtype: KvDtype) -> int:
+    """A paged KV pool for `concurrency` sequences of `typical_tokens`, and at least one at full `context`."""
+    typical = min(typical_tokens, context)
+    return max(concurrency * kv_bytes(spec, typical, kv_dtype), kv_bytes(spec, context, kv_dtype))
+
+
+def concurrency_at(room_bytes: int, kv_per_sequence: int) -> int:
+    """Sequences of `kv_per_sequence` bytes that a KV pool of `room_bytes` holds (vLLM's "maximum concurrency")."""
+    if room_bytes <= 0:
+        return 0
+    return room_bytes // kv_per_sequence if kv_per_sequence > 0 else 1_000_000
+
+
 def max_concurrency(budget_bytes: int, weights_bytes: int, kv_per_sequence: int) -> int:
     """Sequences whose KV fits beside the weights: floor((budget - weights) / kv per sequence)."""
     room = budget_bytes - weights_bytes
@@ -65,16 +82,30 @@ def max_concurrency(budget_bytes: int, weights_bytes: int, kv_per_sequence: int)
 
 
 def max_context(
-    spec: ModelSpec, budget_bytes: int, weights_bytes: int, concurrency: int, kv_dtype: KvDtype, limit: int
+    spec: ModelSpec,
+    budget_bytes: int,
+    weights_bytes: int,
+    concurrency: int,
+    kv_dtype: KvDtype,
+    limit: int,
+    typical_tokens: int | None = None,
 ) -> int:
-    """Largest context <= limit at which `concurrency` sequences fit (KV is monotone: bisect)."""
+    """Largest context <= limit at which `concurrency` sequences fit (KV is monotone: bisect).
+
+    typical_tokens: size as a paged engine does (`paged_kv_bytes`) instead of concurrency x context.
+    """
     room = budget_bytes - weights_bytes
     if room <= 0 or concurrency < 1:
         return 0
     lo, hi = 0, limit
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if kv_bytes(spec, mid, kv_dtype) * concurrency <= room:
+        need = (
+            kv_bytes(spec, mid, kv_dtype) * concurrency
+            if typical_tokens is None
+            else paged_kv_bytes(spec, mid, concurrency, typical_tokens, kv_dtype)
+        )
+        if need <= room:
             lo = mid
         else:
             hi = mid - 1
@@ -109,11 +140,20 @@ class MemoryPool(BaseModel):
     kind: MemoryKind
     devices: int
     usable_bytes: int
+    """What an engine that shards evenly (tensor or pipeline parallel) can use: devices x the smallest."""
     bandwidth_gbps: float | None
     """Bandwidth one sequence's decode sees (per device; multiplied by tensor parallelism)."""
     peak_tflops: float | None
     linked: bool = False
     """All devices joined by NVLink/NVSwitch/XGMI, so tensor parallelism pays off."""
+    split_bytes: int = 0
+    """What an engine that splits layers by each device's memory can use (llama.cpp): the sum."""
+    known: bool = True
+    """False when the memory size could not be read: fit is assumed, not checked."""
+    indexes: tuple[int, ...] = ()
+    """The GPUs in this pool."""
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
 
 
 class Capacity(BaseModel):
@@ -143,6 +183,22 @@ class Capacity(BaseModel):
     prefill_seconds: float | None
     prompt_tokens: int
     prefill_efficiency: float = PREFILL_EFFICIENCY
+    kv_sizing: KvSizing = "reserved"
+    kv_pool_bytes: int = 0
+    """Memory left for KV beside the weights (per replica)."""
+    concurrency_at_typical: int = 0
+    """Sequences of `sequence_tokens` (the typical prompt + output) the KV pool holds at once."""
+    concurrency_at_full: int = 0
+    """Sequences at the full `context_length` the KV pool holds at once."""
+    replicas: int = 1
+    """Data-parallel copies of the model (each on `devices_used` GPUs)."""
+    gpus: tuple[int, ...] = ()
+    """GPUs the plan uses (all replicas)."""
+    free_gpus: tuple[int, ...] = ()
+    """GPUs the plan leaves free."""
+    aggregate_tokens_per_s: float | None = None
+    """Upper bound on decode tokens/s summed over `concurrency` sequences batched together (all replicas)."""
+    memory_known: bool = True
 
 
 def assess(
@@ -157,6 +213,8 @@ def assess(
     output_tokens: int,
     tensor_parallel: int = 1,
     offload: tuple[float, float | None] | None = None,
+    sizing: KvSizing = "reserved",
+    replicas: int = 1,
 ) -> Capacity:
     """Figures for `spec` placed in `pool`.
 
@@ -185,6 +243,21 @@ def assess(
     if pool.peak_tflops and spec.params_active:
         prefill = prefill_seconds(spec.params_active, prompt_tokens, pool.peak_tflops * tensor_parallel)
     full, _ = kv_bytes_per_token(spec, kv_dtype)
+    per_replica = -(-concurrency // replicas)
+    kv_total = (
+        paged_kv_bytes(spec, context_length, per_replica, seq_tokens, kv_dtype)
+        if sizing == "paged"
+        else kv_seq * per_replica
+    )
+    room = pool.usable_bytes - weights
+    aggregate = None
+    if bandwidth is not None and offload is None:
+        batch = max(1, min(per_replica, concurrency_at(room, per_token_kv) if pool.known else per_replica))
+        step = (active + batch * per_token_kv) / (bandwidth * 1e9)
+        aggregate = batch / step * replicas
+        if pool.peak_tflops and spec.params_active:  # compute ceiling: 2 FLOPs per active weight per token
+            ceiling = pool.peak_tflops * tensor_parallel * 1e12 * PREFILL_EFFICIENCY / (2 * spec.params_active)
+            aggregate = min(aggregate, ceiling * replicas)
     return Capacity(
         weights_bytes=weights,
         active_weights_bytes=active,
@@ -193,7 +266,14 @@ def assess(
         context_length=context_length,
         concurrency=concurrency,
         kv_bytes_per_sequence=kv_seq,
-        required_bytes=weights + kv_seq * concurrency,
+        required_bytes=weights + kv_total,
+        kv_sizing=sizing,
+        kv_pool_bytes=max(0, room),
+        concurrency_at_typical=concurrency_at(room, per_token_kv),
+        concurrency_at_full=concurrency_at(room, kv_seq),
+        replicas=replicas,
+        aggregate_tokens_per_s=aggregate,
+        memory_known=pool.known,
         fit=fit,
         memory=pool.kind,
         devices_used=pool.devices,

@@ -24,6 +24,8 @@ class Layout(BaseModel):
     kv_dtype: KvDtype
     threads: int | None
     shared_prefix: bool
+    data_parallel: int = 1
+    """Replicas of the whole model (vLLM --data-parallel-size, SGLang --dp-size)."""
 
 
 _LLAMACPP_KV = {"fp16": "f16", "bf16": "bf16", "fp8": "q8_0", "q8_0": "q8_0", "q4_0": "q4_0"}
@@ -54,6 +56,8 @@ def engine_options(engine: str, lay: Layout) -> dict[str, Any]:
         "gpu_memory_fraction": lay.gpu_memory_fraction,
         "max_concurrency": lay.concurrency,
     }
+    if lay.data_parallel > 1:
+        server["data_parallel"] = lay.data_parallel
     if engine in ("exllamav2", "exllamav3"):
         return {**server, "kv_cache_dtype": _EXLLAMA_KV[lay.kv_dtype].lower(), "gpus": lay.gpus}
     if engine == "vllm":

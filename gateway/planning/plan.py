@@ -8,12 +8,24 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.hardware import HardwareSnapshot
-from gateway.planning.capacity import Capacity, MemoryPool, assess, kv_bytes, max_context
+from gateway.planning.capacity import (
+    Capacity,
+    KvSizing,
+    MemoryPool,
+    assess,
+    kv_bytes,
+    max_context,
+    paged_kv_bytes,
+)
+from gateway.planning.explain import explain, gb, memory_figures
+from gateway.planning.gpu_count import choose_gpus
 from gateway.planning.installed import Installed, is_installed
 from gateway.planning.options import Layout, engine_options
-from gateway.planning.pools import GPU_MEMORY_FRACTION, fast_pools, place, system_pool
+from gateway.planning.pools import GPU_MEMORY_FRACTION, fast_pools, host_gpus, place, system_pool
 from gateway.planning.selection import ENGINES, Candidate, Rejection, RuleBook, load_rules, rank, violations
 from gateway.planning.specs import ModelSpec
+from gateway.planning.speed import slow_warning
+from gateway.planning.unknowns import host_unknowns, model_unknowns
 from gateway.planning.workload import Accelerator, Interconnect, Profile, Workload, heaviness
 
 DEFAULT_CONTEXT = 4096
@@ -26,6 +38,9 @@ class Plan(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     reasons: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    assumed: tuple[str, ...] = ()
+    """What the planner could not read (probes that failed, sizes not reported, figures not in the
+    hardware table, config keys missing) and what it assumed instead."""
     installed: bool = True
     model: str | None = None
     spec: ModelSpec | None = None
@@ -41,14 +56,17 @@ class Plan(BaseModel):
 class NoEngineError(ValueError):
     """No engine can serve this model on this host; the message lists every constraint that failed."""
 
-    def __init__(self, spec: ModelSpec, rejected: list[Rejection]) -> None:
+    def __init__(self, spec: ModelSpec, rejected: list[Rejection], figures: str = "") -> None:
         self.rejected = rejected
-        lines = "; ".join(f"{r.engine}: {r.detail}" for r in rejected)
-        super().__init__(f"no engine can serve {spec.path} ({spec.format}) on this host: {lines}")
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+        self.figures = figures
+        grouped: dict[str, list[str]] = {}
+        for r in rejected:
+            detail = r.detail.removesuffix(f": {figures}") if figures else r.detail
+            if detail not in grouped.setdefault(r.engine, []):
+                grouped[r.engine].append(detail)
+        lines = "; ".join(f"{engine}: {', '.join(details)}" for engine, details in grouped.items())
+        memory = f". Memory: {figures}" if figures and any(r.constraint == "memory" for r in rejected) else ""
+        super().__init__(f"no engine can serve {spec.path} ({spec.format}) on this host: {lines}{memory}")
 
 
 def _accelerator(s: HardwareSnapshot) -> Accelerator:
@@ -79,7 +97,7 @@ def _gpu_count(s: HardwareSnapshot) -> int:
     return len(s.amd.gpus) if s.amd else 0
 
 
-def _profile(s: HardwareSnapshot, spec: ModelSpec, w: Workload, fit: str, context: int) -> Profile:
+def _profile(s: HardwareSnapshot, spec: ModelSpec, w: Workload, fit: str, context: int, figures: str) -> Profile:
     gpus = s.nvidia.gpus if s.nvidia else ()
     ccs = [g.compute_capability[0] + g.compute_capability[1] / 10 for g in gpus if g.compute_capability]
     return Profile(
@@ -89,7 +107,7 @@ def _profile(s: HardwareSnapshot, spec: ModelSpec, w: Workload, fit: str, contex
         min_compute_capability=min(ccs) if ccs else None,
         fit=fit,  # type: ignore[arg-type]
         heavy=heaviness(w.prompt_tokens, w.output_tokens),
-        context_length=context,
+        context_length=w.context_length or min(context, w.prompt_tokens + w.output_tokens),
         concurrency=w.concurrency,
         shared_prefix=w.shared_prefix,
         family=spec.family,
@@ -100,11 +118,12 @@ def _profile(s: HardwareSnapshot, spec: ModelSpec, w: Workload, fit: str, contex
         nodes=w.nodes,
         architecture=s.cpu.architecture,
         memory_gib=None if s.memory.total_bytes is None else s.memory.total_bytes / 2**30,
+        memory_figures=figures,
     )
 
 
-def _context(spec: ModelSpec, w: Workload, snapshot: HardwareSnapshot, reasons: list[str], warnings: list[str]) -> int:
-    """The target context: the workload's, else the trained one, capped to stay in fast memory."""
+def _target_context(spec: ModelSpec, w: Workload, warnings: list[str], assumed: list[str]) -> int:
+    """The workload's context, else the trained one (else DEFAULT_CONTEXT, with a warning)."""
     trained = spec.context_length
     if w.context_length is not None:
         if trained and w.context_length > trained:
@@ -113,27 +132,71 @@ def _context(spec: ModelSpec, w: Workload, snapshot: HardwareSnapshot, reasons: 
             )
         return w.context_length
     if trained is None:
-        warnings.append(f"the model does not state its trained context: using {DEFAULT_CONTEXT}")
+        assumed.append(f"model: no trained context length stated: assumed {DEFAULT_CONTEXT} tokens")
         return DEFAULT_CONTEXT
-    weights = spec.weight_bytes or 0
-    pools = fast_pools(snapshot) or [system_pool(snapshot)]
-    if weights + kv_bytes(spec, trained, w.kv_dtype) * w.concurrency <= pools[-1].usable_bytes:
-        return trained
-    fitting = max_context(spec, pools[-1].usable_bytes, weights, w.concurrency, w.kv_dtype, trained)
-    if fitting >= min(DEFAULT_CONTEXT, trained):
-        capped = fitting // 256 * 256
-        reasons.append(
-            f"context capped at {capped} of the trained {trained} tokens so {w.concurrency} sequence(s) fit in memory"
-        )
-        return capped
     return trained
 
 
+def _kv_need(spec: ModelSpec, w: Workload, context: int, sizing: KvSizing) -> int:
+    """KV bytes for the workload: a paged pool, or concurrency x full context reserved."""
+    if sizing == "paged":
+        return paged_kv_bytes(spec, context, w.concurrency, w.prompt_tokens + w.output_tokens, w.kv_dtype)
+    return kv_bytes(spec, context, w.kv_dtype) * w.concurrency
+
+
+def _lowered(
+    spec: ModelSpec,
+    w: Workload,
+    context: int,
+    pool: MemoryPool,
+    sizing: KvSizing,
+    warnings: list[str],
+) -> int:
+    """The context, lowered (with a warning naming why) when the user left it open and it does not fit `pool`."""
+    weights = spec.weight_bytes or 0
+    typical = w.prompt_tokens + w.output_tokens
+    if w.context_length is not None or not pool.known or weights >= pool.usable_bytes:
+        return context
+    kv = _kv_need(spec, w, context, sizing)
+    if weights + kv <= pool.usable_bytes:
+        return context
+    fitting = max_context(
+        spec, pool.usable_bytes, weights, w.concurrency, w.kv_dtype, context, typical if sizing == "paged" else None
+    )
+    if fitting < min(DEFAULT_CONTEXT, context):
+        return context
+    capped = fitting // 256 * 256
+    what = (
+        f"one sequence at {context} tokens (beside {w.concurrency} x {typical} typical) needs {gb(kv)} of KV"
+        if sizing == "paged"
+        else f"{w.concurrency} sequence(s) x {context} tokens need {gb(kv)} of KV"
+    )
+    where = {
+        "vram": f"{pool.devices} GPU(s)",
+        "unified": "unified memory",
+        "system": "system RAM",
+        "split": "GPU memory and RAM together",
+    }[pool.kind]
+    warnings.append(
+        f"context lowered from the trained {context} to {capped} tokens: {what}, but {where} can hold "
+        f"{gb(pool.usable_bytes - weights)} beside the {gb(weights)} of weights (set context_length to choose)"
+    )
+    return capped
+
+
 def _layout(
-    engine: str, pool: MemoryPool, fit: str, spec: ModelSpec, w: Workload, s: HardwareSnapshot, context: int
+    engine: str,
+    pool: MemoryPool,
+    fit: str,
+    spec: ModelSpec,
+    w: Workload,
+    s: HardwareSnapshot,
+    context: int,
+    replicas: int = 1,
+    kv_need: int = 0,
 ) -> Layout:
     gpus = pool.devices if pool.kind == "vram" else 0
-    tp, pp = (gpus, 1) if pool.linked else (1, gpus)
+    tp, pp = (pool.tensor_parallel, pool.pipeline_parallel) if gpus else (1, 1)
     if engine in ("llamacpp", "mlx"):
         tp, pp = 1, max(gpus, 1)
     gpu_layers = 0
@@ -141,10 +204,13 @@ def _layout(
         gpu_layers = -1
     elif fit != "fast" and engine == "llamacpp" and spec.layers and spec.weight_bytes:
         fast = fast_pools(s)
-        if fast:
-            room = fast[-1].usable_bytes - kv_bytes(spec, context, w.kv_dtype) * w.concurrency
+        if fast and fast[-1].known:
             gpus = fast[-1].devices if fast[-1].kind == "vram" else 0
-            gpu_layers = max(0, min(spec.layers, int(room // (spec.weight_bytes / spec.layers))))
+            # all the KV on the GPUs first (leaves headroom for compute buffers); when it alone is too big,
+            # each offloaded layer brings its own share of the KV, as llama.cpp places it
+            kv_first = (fast[-1].split_bytes - kv_need) // (spec.weight_bytes / spec.layers)
+            by_layer = fast[-1].split_bytes // ((spec.weight_bytes + kv_need) / spec.layers)
+            gpu_layers = max(0, min(spec.layers, int(kv_first if kv_first > 0 else by_layer)))
             pp = max(gpus, 1)
     return Layout(
         gpus=gpus,
@@ -157,6 +223,7 @@ def _layout(
         kv_dtype=w.kv_dtype,
         threads=_engine_threads(s),
         shared_prefix=w.shared_prefix,
+        data_parallel=replicas,
     )
 
 
@@ -171,13 +238,22 @@ def _engine_threads(s: HardwareSnapshot) -> int | None:
     return None if cores is None else max(1, cores - 1)
 
 
-def _capacity(spec: ModelSpec, pool: MemoryPool, fit: str, lay: Layout, w: Workload, s: HardwareSnapshot) -> Capacity:
+def _capacity(
+    spec: ModelSpec,
+    pool: MemoryPool,
+    fit: str,
+    lay: Layout,
+    w: Workload,
+    s: HardwareSnapshot,
+    sizing: KvSizing,
+) -> Capacity:
     common: dict[str, Any] = {
         "context_length": lay.context_length,
         "concurrency": w.concurrency,
         "kv_dtype": w.kv_dtype,
         "prompt_tokens": w.prompt_tokens,
         "output_tokens": w.output_tokens,
+        "sizing": sizing,
     }
     fast = fast_pools(s)
     if fit != "fast" and lay.gpu_layers > 0 and fast and spec.layers:
@@ -185,73 +261,66 @@ def _capacity(spec: ModelSpec, pool: MemoryPool, fit: str, lay: Layout, w: Workl
         partial = assess(spec, fast[-1], fit=fit, offload=(share_in_ram, s.cpu.measured_bandwidth_gbps), **common)  # type: ignore[arg-type]
         ram = assess(spec, pool, fit=fit, **common)  # type: ignore[arg-type]
         return ram.model_copy(update={"decode_tokens_per_s": partial.decode_tokens_per_s})
-    return assess(spec, pool, fit=fit, tensor_parallel=lay.tensor_parallel, **common)  # type: ignore[arg-type]
-
-
-def _explain(
-    engine: str,
-    cap: Capacity,
-    lay: Layout,
-    pool: MemoryPool,
-    s: HardwareSnapshot,
-    reasons: list[str],
-    warnings: list[str],
-) -> None:
-    where = {
-        "vram": f"{cap.devices_used} GPU(s)",
-        "unified": "unified memory",
-        "system": "system RAM",
-        "split": "GPU memory + system RAM",
-    }[cap.memory]
-    reasons.append(
-        f"weights {_gb(cap.weights_bytes)} + KV {_gb(cap.kv_bytes_per_sequence * cap.concurrency)} "
-        f"({cap.concurrency} x {cap.context_length} tokens, {cap.kv_dtype}) = {_gb(cap.required_bytes)}; "
-        f"{'fits in' if cap.fit != 'none' else 'exceeds'} {where} ({_gb(cap.usable_bytes)} usable)"
-    )
-    if lay.gpus > 1:
-        if lay.tensor_parallel > 1:
-            reasons.append(f"the {lay.gpus} GPUs are joined by NVLink: tensor parallel across {lay.tensor_parallel}")
-        elif engine not in ("llamacpp", "mlx"):
-            reasons.append(
-                f"no NVLink between the {lay.gpus} GPUs: "
-                f"pipeline parallel ({lay.pipeline_parallel} stages) rather than tensor parallel"
-            )
-    rate = cap.decode_tokens_per_s
-    if rate is not None:
-        reasons.append(
-            f"decode at most ~{rate:.0f} tokens/s per sequence "
-            f"({cap.bandwidth_gbps or 0:.0f} GB/s over {_gb(cap.bytes_per_token)} read per token: "
-            f"weights + KV of {cap.sequence_tokens} tokens)"
-        )
-    if cap.prefill_seconds is not None:
-        reasons.append(
-            f"prefill of {cap.prompt_tokens} tokens ~{cap.prefill_seconds * 1000:.0f} ms "
-            f"at {cap.prefill_efficiency:.0%} of peak FLOPs"
-        )
-    has_fast = bool(fast_pools(s))
-    speed = (
-        f"expect at most about {rate:.0f} tokens/s"
-        if rate is not None
-        else "run `enginegate doctor` to measure RAM bandwidth and estimate the speed"
-    )
-    if cap.fit == "system" and has_fast:
-        offload = f" ({lay.gpu_layers} layers offloaded to the GPU)" if lay.gpu_layers > 0 else ""
-        warnings.append(f"the model fits only in system RAM{offload}: {speed}")
-    elif cap.fit == "system" and rate is None:
-        warnings.append(f"the model runs from system RAM: {speed}")
-    elif cap.fit == "none":
-        warnings.append(
-            f"the model does not fit in memory ({_gb(cap.required_bytes)} needed): "
-            "loading will fail or swap; use a smaller quantisation or context"
-        )
-    if cap.fit == "fast" and cap.max_concurrency < cap.concurrency:
-        warnings.append(f"only {cap.max_concurrency} sequences of {cap.context_length} tokens fit at once")
-    if s.nvidia and any(g.mig_enabled for g in s.nvidia.gpus):
-        warnings.append("MIG is enabled: engines see MIG slices, not whole GPUs, and memory figures above are per GPU")
+    return assess(spec, pool, fit=fit, tensor_parallel=lay.tensor_parallel, replicas=lay.data_parallel, **common)  # type: ignore[arg-type]
 
 
 # Engines run in another mode of a planned engine: planned as that engine, served by this adapter.
 SERVED_AS: dict[str, str] = {"llama_server": "llamacpp", "mlx_server": "mlx"}
+RESERVED_KV = frozenset({"llamacpp", "mlx"})
+"""Engines that reserve each slot's full context up front; every other engine pages its KV cache."""
+
+
+def _home(
+    snapshot: HardwareSnapshot, pools: list[MemoryPool], weights: int, fast_split: bool, with_ram: bool
+) -> MemoryPool:
+    """Where the context must fit: the largest fast pool if the weights fit there, else RAM (+ the GPUs' share).
+
+    fast_split: count GPU memory as llama.cpp does (the sum); with_ram: the engine can keep layers in RAM.
+    """
+    if pools:
+        # with mixed GPU sizes one big card can hold more than all of them sharded evenly
+        top = max(pools, key=lambda p: (not p.known, p.split_bytes if fast_split else p.usable_bytes))
+        room = top.split_bytes if fast_split else top.usable_bytes
+        if not top.known or weights < room:
+            return top.model_copy(update={"usable_bytes": room})
+    ram = system_pool(snapshot)
+    if with_ram and pools and pools[-1].kind == "vram" and ram.known and pools[-1].known:
+        return ram.model_copy(update={"kind": "split", "usable_bytes": ram.usable_bytes + pools[-1].split_bytes})
+    return ram
+
+
+def _gpu_selection(engine: str, cap: Capacity, lay: Layout, snapshot: HardwareSnapshot) -> dict[str, Any]:
+    """Options that keep the engine on the planned GPUs when others stay free.
+
+    Engines take GPUs 0..n-1 (llama.cpp: all of them) unless told: server engines get
+    CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES on AMD), llama.cpp a tensor split with 0 for free GPUs.
+    """
+    if not cap.gpus or not cap.free_gpus:
+        return {}
+    if engine == "llamacpp":
+        if lay.gpu_layers == 0:
+            return {}
+        memory = {g.index: g.memory_bytes or 0 for g in host_gpus(snapshot)}
+        return {"tensor_split": [round(memory[i] / 2**30) if i in cap.gpus else 0 for i in sorted(memory)]}
+    if engine in RESERVED_KV:
+        return {}
+    var = "HIP_VISIBLE_DEVICES" if snapshot.amd and snapshot.amd.gpus and not snapshot.nvidia else "CUDA_VISIBLE_DEVICES"
+    return {"env": {var: ",".join(map(str, cap.gpus))}}
+
+
+def _choose_engine(
+    book: RuleBook, profile: Profile, ranked: list[Candidate], check: Installed
+) -> tuple[Candidate | None, list[Rejection], list[Candidate]]:
+    rejected: list[Rejection] = []
+    not_installed: list[Candidate] = []
+    for cand in ranked:
+        failed = violations(cand.engine, book.engines[cand.engine], profile, check)
+        if not failed:
+            return cand, rejected, not_installed
+        rejected += failed
+        if all(f.constraint == "installed" for f in failed):
+            not_installed.append(cand)
+    return None, rejected, not_installed
 
 
 def plan(
@@ -267,17 +336,28 @@ def plan(
     w = workload or Workload()
     check = installed or is_installed
     book = rules if isinstance(rules, RuleBook) else load_rules(rules)
-    if spec.weight_bytes is None:
+    weights = spec.weight_bytes
+    if weights is None:
         raise ValueError(f"{spec.path}: the weights' size is unknown, so capacity cannot be planned")
     reasons: list[str] = []
     warnings: list[str] = []
-    context = _context(spec, w, snapshot, reasons, warnings)
-    required = spec.weight_bytes + kv_bytes(spec, context, w.kv_dtype) * w.concurrency
-    pool, fit = place(snapshot, required)
-    profile = _profile(snapshot, spec, w, fit, context)
+    assumed = host_unknowns(snapshot) + model_unknowns(spec)
+    typical = w.prompt_tokens + w.output_tokens
+    pools = fast_pools(snapshot)
+
+    # Fit as a paged engine would use memory: this is the fit the rules and hard constraints read.
+    trained_or_set = _target_context(spec, w, warnings, assumed)
+    paged_warnings: list[str] = []
+    home = _home(snapshot, pools, weights, fast_split=False, with_ram=True)
+    context = _lowered(spec, w, trained_or_set, home, "paged", paged_warnings)
+    need = weights + _kv_need(spec, w, context, "paged")
+    choice = choose_gpus(snapshot, pools, need, weights, w, spec.attention_heads)
+    pool, fit = (choice.pool, "fast") if choice else place(snapshot, need)
+    figures = memory_figures(snapshot, spec, w, context, need)
+    profile = _profile(snapshot, spec, w, fit, context, figures)
     ranked = rank(book, profile)
-    rejected: list[Rejection] = []
     chosen: Candidate | None = None
+    rejected: list[Rejection] = []
     not_installed: list[Candidate] = []
     if requested_engine != "auto":
         if requested_engine not in book.engines:
@@ -293,20 +373,13 @@ def plan(
                 f"{requested_engine} was requested but {v.detail}" + (f": {v.install}" if v.install else "")
             )
     else:
-        for cand in ranked:
-            failed = violations(cand.engine, book.engines[cand.engine], profile, check)
-            if not failed:
-                chosen = cand
-                break
-            rejected += failed
-            if all(f.constraint == "installed" for f in failed):
-                not_installed.append(cand)
+        chosen, rejected, not_installed = _choose_engine(book, profile, ranked, check)
     is_present = True
     if chosen is None:
         if not not_installed:
             tried = {r.engine for r in rejected}
             extra = [r for e, n in book.engines.items() if e not in tried for r in violations(e, n, profile, None)]
-            raise NoEngineError(spec, rejected + extra)
+            raise NoEngineError(spec, rejected + extra, figures)
         chosen = not_installed[0]
         is_present = False
         install = book.engines[chosen.engine].install
@@ -316,16 +389,60 @@ def plan(
         if engine not in tried:
             rejected += violations(engine, needs, profile, None)
     reasons.insert(0, f"{chosen.because} [rule: {chosen.rule}]")
-    lay = _layout(chosen.engine, pool, fit, spec, w, snapshot, context)
-    cap = _capacity(spec, pool, fit, lay, w, snapshot)
-    _explain(chosen.engine, cap, lay, pool, snapshot, reasons, warnings)
+
+    serve_as = mode
+    if chosen.engine == "llamacpp" and mode is None and requested_engine == "auto" and (
+        w.concurrency > 1 or w.mode != "local"
+    ):
+        serve_as = "llama_server"
+        reasons.append(
+            f"{w.concurrency} concurrent sequence(s) in {w.mode} use: llama-server with {w.concurrency} slots "
+            "(the in-process adapter decodes one request at a time)"
+        )
+    sizing: KvSizing = "paged" if chosen.engine not in RESERVED_KV or serve_as == "llama_server" else "reserved"
+    replicas = 1
+    if chosen.engine not in RESERVED_KV:
+        warnings += paged_warnings
+        replicas = choice.replicas if choice else 1
+        if choice:
+            reasons.append(choice.why)
+    else:
+        # llama.cpp splits layers by each GPU's memory and can leave some in RAM; MLX uses unified memory
+        split = chosen.engine == "llamacpp"
+        context = _lowered(spec, w, trained_or_set, _home(snapshot, pools, weights, split, split), sizing, warnings)
+        pool, fit = place(snapshot, weights + _kv_need(spec, w, context, sizing), split=split)
+        if split and pool.kind == "vram":
+            pool = pool.model_copy(update={"usable_bytes": pool.split_bytes})
+    lay = _layout(chosen.engine, pool, fit, spec, w, snapshot, context, replicas, _kv_need(spec, w, context, sizing))
+    cap = _capacity(spec, pool, fit, lay, w, snapshot, sizing)
+    gpus = host_gpus(snapshot)
+    if choice and chosen.engine not in RESERVED_KV and pool.kind == "vram":
+        cap = cap.model_copy(update={"gpus": choice.gpus, "free_gpus": choice.free})
+    elif pool.kind == "vram" or (fit != "fast" and lay.gpu_layers > 0):
+        used = pool.indexes or tuple(g.index for g in gpus)[: lay.gpus]
+        cap = cap.model_copy(update={"gpus": used, "free_gpus": tuple(g.index for g in gpus if g.index not in used)})
+    options = engine_options(chosen.engine, lay)
+    options.update(_gpu_selection(chosen.engine, cap, lay, snapshot))
+    mode = serve_as
     if mode == "llama_server":
-        reasons.append("llama.cpp runs as llama-server, its own process: concurrent requests share its slots")
+        tokens = max(w.concurrency * min(typical, context), context)
+        options["context_length"] = tokens
+        options["extra_args"] = ["--kv-unified"]
+        reasons.append(
+            f"llama.cpp runs as llama-server, its own process: its {w.concurrency} slot(s) share one unified KV "
+            f"cache of {tokens} tokens (-c {tokens} --kv-unified: {w.concurrency} x {min(typical, context)} typical, "
+            f"any one up to {context})"
+        )
+    explain(chosen.engine, cap, lay, snapshot, reasons, warnings)
+    slow = slow_warning(spec, cap, chosen.engine, w.decode_tokens_per_s, snapshot, book, rejected)
+    if slow:
+        warnings.append(slow)
     return Plan(
         engine=mode or chosen.engine,
-        options=engine_options(chosen.engine, lay),
+        options=options,
         reasons=tuple(reasons),
         warnings=tuple(warnings),
+        assumed=tuple(assumed),
         installed=is_present,
         model=spec.path,
         spec=spec,

@@ -6,11 +6,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.planning.installed import Installed
-from gateway.planning.workload import Profile
+from gateway.planning.workload import Profile, read_yaml, validation_message
 
 DEFAULT_RULES = Path(__file__).resolve().parents[1] / "data" / "selection.yaml"
 ENGINES = ("llamacpp", "mlx", "exllamav2", "exllamav3", "vllm", "sglang", "tensorrt_llm", "dynamo")
@@ -98,7 +97,7 @@ def _check_when(when: dict[str, Any], where: str) -> None:
 
 @lru_cache(maxsize=8)
 def _read(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text())
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping with `engines` and `rules`")
     return data
@@ -113,7 +112,10 @@ def load_rules(user_file: Path | None = None, default_file: Path = DEFAULT_RULES
         for name, needs in (user.get("engines") or {}).items():
             engines[name] = {**engines.get(name, {}), **needs}
         rules = list(user.get("rules") or []) + ([] if user.get("replace_rules") else rules)
-    book = RuleBook.model_validate({"engines": engines, "rules": rules})
+    try:
+        book = RuleBook.model_validate({"engines": engines, "rules": rules})
+    except ValidationError as exc:
+        raise ValueError(validation_message(user_file or default_file, exc)) from None
     return _check_book(book, str(user_file or default_file))
 
 
@@ -190,12 +192,21 @@ def violations(engine: str, needs: EngineNeeds, profile: Profile, installed: Ins
                 engine=engine, constraint="format", detail=f"loads {', '.join(needs.formats)}, not {profile.format}"
             )
         )
-    if needs.needs_fast_memory and profile.fit != "fast" and profile.accelerator != "none":
+    figures = f": {profile.memory_figures}" if profile.memory_figures else ""
+    if profile.fit == "none":
         out.append(
             Rejection(
                 engine=engine,
                 constraint="memory",
-                detail="needs the weights and KV cache in GPU memory; they do not fit",
+                detail=f"the weights and KV cache do not fit in this host's memory, GPUs and RAM together{figures}",
+            )
+        )
+    elif needs.needs_fast_memory and profile.fit != "fast" and profile.accelerator != "none":
+        out.append(
+            Rejection(
+                engine=engine,
+                constraint="memory",
+                detail=f"needs the weights and KV cache in GPU memory; they do not fit{figures}",
             )
         )
     if not out and installed is not None and not installed(engine):

@@ -7,14 +7,35 @@ from config.json with the formulas in `_hf_params` when the weights are not on d
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from gateway.planning.gguf_meta import GgufFormatError, read_gguf_meta
+from gateway.planning.gguf_meta import GgufFormatError, GgufMeta, read_gguf_meta
+from gateway.planning.quant import Quant, read_quant
 
-Format = Literal["gguf", "exl2", "exl3", "mlx", "awq", "gptq", "fp8", "bf16", "fp16", "fp32", "unknown"]
+Format = Literal[
+    "gguf",
+    "exl2",
+    "exl3",
+    "mlx",
+    "awq",
+    "gptq",
+    "compressed-tensors",
+    "bnb",
+    "fp8",
+    "nvfp4",
+    "mxfp4",
+    "bf16",
+    "fp16",
+    "fp32",
+    "unknown",
+]
+"""`compressed-tensors`: integer weight quantisation in that layout (FP8 and NVFP4 ones read as fp8 / nvfp4);
+`bnb`: bitsandbytes 4- or 8-bit."""
 Family = Literal["dense", "moe", "multimodal", "hybrid"]
 Attention = Literal["gqa", "mla"]
 
@@ -32,6 +53,9 @@ class ModelSpec(BaseModel):
     quantization: str | None = None
     """Quantisation as the file names it: a GGUF file type (Q4_1), "4.0 bpw", "4-bit g128"."""
     bits_per_weight: float | None = None
+    """Bits per quantised weight, scales and zero points included."""
+    unquantized_params: int = 0
+    """Parameters a quantised checkpoint keeps at 16 bits: embeddings and lm_head (MXFP4: all but the experts)."""
     file_bytes: int | None = None
     """Bytes of weight files on disk; null when only a config was read."""
     params_total: int | None = None
@@ -54,21 +78,30 @@ class ModelSpec(BaseModel):
     """Layers whose KV cache holds only the last `sliding_window` tokens."""
     ssm_layers: int = 0
     """Layers with a fixed-size recurrent state and no per-token KV cache."""
+    notes: tuple[str, ...] = ()
+    """What the files did not say and what was assumed instead."""
 
     @property
     def weight_bytes(self) -> int | None:
         if self.file_bytes is not None:
             return self.file_bytes
         if self.params_total is not None and self.bits_per_weight is not None:
-            return int(self.params_total * self.bits_per_weight / 8)
+            kept = min(self.unquantized_params, self.params_total)
+            return int((self.params_total - kept) * self.bits_per_weight / 8 + kept * 2)
         return None
 
     @property
     def active_weight_bytes(self) -> int | None:
+        """Bytes of weights one token reads: the quantised share scaled by active / total parameters;
+        the 16-bit parameters (embeddings, attention in MXFP4 checkpoints) are always read."""
         w = self.weight_bytes
-        if w is None or not self.params_total or not self.params_active:
+        total, active = self.params_total, self.params_active
+        if w is None or not total or not active:
             return w
-        return int(w * self.params_active / self.params_total)
+        kept = min(self.unquantized_params, total)
+        if kept and kept < total and active >= kept:
+            return int(kept * 2 + (w - kept * 2) * (active - kept) / (total - kept))
+        return int(w * active / total)
 
 
 class SpecError(ValueError):
@@ -78,13 +111,39 @@ class SpecError(ValueError):
 # ---------------------------------------------------------------- GGUF
 
 
+SHARD = re.compile(r"^(?P<stem>.+)-(?P<n>\d{5})-of-(?P<count>\d{5})\.gguf$")
+"""llama.cpp's split naming (gguf-split): model-00001-of-00003.gguf; the first shard holds the metadata."""
+
+
+def shard_paths(path: Path) -> list[Path]:
+    """Every shard of a split GGUF (first shard first), or [path] for a single file."""
+    m = SHARD.match(path.name)
+    if m is None:
+        return [path]
+    count = int(m.group("count"))
+    shards = [path.with_name(f"{m.group('stem')}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    missing = [p.name for p in shards if not p.is_file()]
+    if missing:
+        raise SpecError(f"{path}: split GGUF of {count} shards, missing {', '.join(missing)}")
+    return shards
+
+
+def _read_shards(shards: list[Path]) -> GgufMeta:
+    metas = []
+    for shard in shards:
+        try:
+            metas.append(read_gguf_meta(shard))
+        except (GgufFormatError, ValueError, KeyError, OSError) as exc:
+            raise SpecError(f"{shard}: not a readable GGUF file ({exc})") from exc
+    return GgufMeta(fields=metas[0].fields, tensors=tuple(t for m in metas for t in m.tensors))
+
+
 def load_gguf(path: Path) -> ModelSpec:
     import gguf
 
-    try:
-        meta = read_gguf_meta(path)
-    except (GgufFormatError, ValueError, KeyError, OSError) as exc:
-        raise SpecError(f"{path}: not a readable GGUF file ({exc})") from exc
+    shards = shard_paths(path)
+    meta = _read_shards(shards)
+    path = shards[0]
     arch = meta.fields.get("general.architecture")
     if arch is None:
         raise SpecError(f"{path}: GGUF without general.architecture")
@@ -126,7 +185,7 @@ def load_gguf(path: Path) -> ModelSpec:
         family="hybrid" if ssm_layers else "moe" if experts else "dense",
         quantization=quant,
         bits_per_weight=round(data_bytes * 8 / total, 3) if total else None,
-        file_bytes=path.stat().st_size,
+        file_bytes=sum(p.stat().st_size for p in shards),
         params_total=total or None,
         params_active=active or None,
         layers=layers,
@@ -159,31 +218,46 @@ def _gguf_sliding_layers(arch: str, layers: int | None, window: int | None) -> i
 # ---------------------------------------------------------------- Hugging Face directories
 
 
-def _format_from_config(cfg: dict[str, Any]) -> tuple[Format, str | None, float | None]:
-    q = cfg.get("quantization_config") or {}
-    method = str(q.get("quant_method", "")).lower()
-    if method in ("exl2", "exl3"):
-        bits = float(q.get("bits", 0)) or None
-        return method, f"{bits} bpw" if bits else None, bits  # type: ignore[return-value]
-    if method in ("awq", "gptq"):
-        bits = int(q.get("bits", q.get("w_bit", 4)))
-        group = int(q.get("group_size", q.get("q_group_size", 128)) or 128)
-        # a 16-bit scale (and zero point) per group adds 32/group bits per weight
-        return method, f"{bits}-bit g{group}", bits + 32 / group  # type: ignore[return-value]
-    if method == "fp8" or "float8" in str(q.get("fmt", "")):
-        return "fp8", "fp8", 8.0
-    mlx_q = cfg.get("quantization")
-    if isinstance(mlx_q, dict) and "bits" in mlx_q:
-        bits = int(mlx_q["bits"])
-        group = int(mlx_q.get("group_size", 64))
-        return "mlx", f"{bits}-bit g{group}", bits + 32 / group
+DTYPES: dict[str, Format] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def _format_from_config(cfg: dict[str, Any]) -> tuple[Format, Quant | None, list[str]]:
+    """(format, quantisation if any, notes on what was assumed)."""
+    quant = read_quant(cfg)
+    if quant is not None:
+        return quant.format, quant, list(quant.notes)  # type: ignore[return-value]
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "").lower()
-    fmt: Format = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, "unknown")  # type: ignore[assignment]
-    return fmt, None, BITS_PER_WEIGHT.get(fmt)
+    if not dtype:
+        return "bf16", None, ["config.json states no torch_dtype: assumed bf16 weights"]
+    fmt: Format = DTYPES.get(dtype, "unknown")
+    return fmt, None, [] if fmt != "unknown" else [f"torch_dtype {dtype!r} is not known to the planner"]
 
 
-def _hf_params(c: dict[str, Any]) -> tuple[int, int]:
-    """(total, active) parameters of a decoder-only transformer from its config.json.
+def _kv_heads(c: dict[str, Any], heads: int) -> tuple[int, str | None]:
+    """KV heads under the names configs use; full multi-head attention (with a note) when none is given."""
+    for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"):
+        if c.get(key):
+            return int(c[key]), None
+    if c.get("multi_query"):
+        return 1, None
+    return heads, (
+        f"config.json gives no num_key_value_heads: assumed full multi-head attention "
+        f"({heads} KV heads), the largest KV cache the model could have"
+    )
+
+
+@dataclass(frozen=True)
+class Params:
+    total: int
+    active: int
+    embeddings: int
+    """Input embeddings and lm_head (once when tied)."""
+    experts: int
+    """Routed-expert parameters (all experts, all MoE layers)."""
+
+
+def _hf_params(c: dict[str, Any]) -> Params:
+    """Parameters of a decoder-only transformer from its config.json.
 
     embeddings: vocab x hidden, doubled unless tie_word_embeddings
     attention (GQA): hidden x heads x head_dim (q) + 2 x hidden x kv_heads x head_dim (k, v)
@@ -196,7 +270,7 @@ def _hf_params(c: dict[str, Any]) -> tuple[int, int]:
     h = int(c["hidden_size"])
     layers = int(c["num_hidden_layers"])
     heads = int(c["num_attention_heads"])
-    kv = int(c.get("num_key_value_heads") or heads)
+    kv, _ = _kv_heads(c, heads)
     hd = int(c.get("head_dim") or h // heads)
     vocab = int(c["vocab_size"])
     # transformers' default is model-specific: Gemma ties input and output embeddings
@@ -214,7 +288,7 @@ def _hf_params(c: dict[str, Any]) -> tuple[int, int]:
     n_exp = _experts(c)
     total = active = embed + layers * attn
     if not n_exp:
-        return total + layers * dense_mlp, active + layers * dense_mlp
+        return Params(total + layers * dense_mlp, active + layers * dense_mlp, embed, 0)
     used = int(c.get("num_experts_per_tok") or c.get("num_experts_per_token") or 1)
     expert = 3 * h * int(c.get("moe_intermediate_size") or c.get("intermediate_size") or 0)
     shared = int(c.get("n_shared_experts") or 0)
@@ -223,7 +297,7 @@ def _hf_params(c: dict[str, Any]) -> tuple[int, int]:
     router = h * n_exp
     total += dense_layers * dense_mlp + moe_layers * ((n_exp + shared) * expert + router)
     active += dense_layers * dense_mlp + moe_layers * ((used + shared) * expert + router)
-    return total, active
+    return Params(total, active, embed, moe_layers * n_exp * expert)
 
 
 def _experts(c: dict[str, Any]) -> int | None:
@@ -252,42 +326,82 @@ def _layer_kinds(c: dict[str, Any]) -> tuple[int, int]:
     return 0, 0
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise SpecError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a JSON object")
+    return data
+
+
+def _weight_files(path: Path) -> list[Path]:
+    """The files an engine loads: those the safetensors index names, else all .safetensors, else .bin.
+
+    Repositories often ship the same weights twice (consolidated.safetensors beside the sharded
+    model-0000N files, or .bin beside .safetensors); counting both would double the size.
+    """
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = set((_read_json(index).get("weight_map") or {}).values())
+        listed = [path / n for n in sorted(names) if (path / n).is_file()]
+        if listed:
+            return listed
+    safetensors = sorted(path.glob("*.safetensors"))
+    return safetensors or sorted(path.glob("*.bin"))
+
+
+SIDE_FILES = ("quantization_config.json", "quant_config.json", "hf_quant_config.json")
+"""EXL3, AWQ and ModelOpt write their quantisation beside config.json."""
+
+
 def load_hf_dir(path: Path) -> ModelSpec:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise SpecError(f"{path}: no config.json (expected a Hugging Face model directory)")
-    cfg: dict[str, Any] = json.loads(config_file.read_text())
+    cfg = _read_json(config_file)
     multimodal = "text_config" in cfg or "vision_config" in cfg
     text = {**cfg, **cfg.get("text_config", {})} if "text_config" in cfg else cfg
-    fmt, quant, bpw = _format_from_config(cfg)
-    for extra in ("quantization_config.json", "quant_config.json"):  # EXL3 / AWQ side files
-        if fmt in ("bf16", "fp16", "unknown") and (path / extra).is_file():
-            fmt, quant, bpw = _format_from_config({"quantization_config": json.loads((path / extra).read_text())})
+    fmt, quant, notes = _format_from_config(cfg)
+    for extra in SIDE_FILES:
+        if quant is None and (path / extra).is_file():
+            fmt, quant, notes = _format_from_config({"quantization_config": _read_json(path / extra)})
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size") if k not in text]
     if missing:
         raise SpecError(f"{config_file}: missing {', '.join(missing)}")
-    total, active = _hf_params(text)
-    weights = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]
+    params = _hf_params(text)
+    weights = _weight_files(path)
     sliding, ssm = _layer_kinds(text)
     experts = _experts(text)
     heads = int(text["num_attention_heads"])
+    kv_heads, kv_note = _kv_heads(text, heads)
     mla = bool(text.get("kv_lora_rank"))
+    if kv_note and not mla:
+        notes.append(kv_note)
     family: Family = "multimodal" if multimodal else "hybrid" if ssm else "moe" if experts else "dense"
+    bpw = quant.bits if quant else BITS_PER_WEIGHT.get(fmt)
+    kept = 0
+    if quant is not None and quant.scope == "linear":
+        kept = params.embeddings
+    elif quant is not None and quant.scope == "experts":
+        kept = params.total - params.experts
     return ModelSpec(
         path=str(path),
         format=fmt,
         name=path.name,
         architecture=(text.get("architectures") or [text.get("model_type")])[0],
         family=family,
-        quantization=quant,
+        quantization=quant.label if quant else None,
         bits_per_weight=bpw,
+        unquantized_params=kept,
         file_bytes=sum(p.stat().st_size for p in weights) or None,
-        params_total=total,
-        params_active=active,
+        params_total=params.total,
+        params_active=params.active,
         layers=int(text["num_hidden_layers"]),
         hidden_size=int(text["hidden_size"]),
         attention_heads=heads,
-        kv_heads=int(text.get("num_key_value_heads") or heads),
+        kv_heads=kv_heads,
         head_dim=int(text.get("head_dim") or int(text["hidden_size"]) // heads),
         attention="mla" if mla else "gqa",
         kv_lora_rank=text.get("kv_lora_rank"),
@@ -298,6 +412,7 @@ def load_hf_dir(path: Path) -> ModelSpec:
         sliding_window=text.get("sliding_window") if sliding else None,
         sliding_layers=sliding,
         ssm_layers=ssm,
+        notes=tuple(notes),
     )
 
 
@@ -305,8 +420,11 @@ def load_spec(path: Path) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
-        if not (path / "config.json").is_file() and len(ggufs) == 1:
-            return load_gguf(ggufs[0])
+        models = {p for p in ggufs if SHARD.match(p.name) is None} | {
+            p for p in ggufs if (m := SHARD.match(p.name)) and int(m.group("n")) == 1
+        }
+        if not (path / "config.json").is_file() and len(models) == 1:
+            return load_gguf(models.pop())
         return load_hf_dir(path)
     if not path.exists():
         raise SpecError(f"{path}: no such file or directory")

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.planning.capacity import Fit, KvDtype
 
@@ -33,6 +33,8 @@ class Workload(BaseModel):
     objective: Objective = "latency"
     nodes: int = Field(default=1, ge=1)
     kv_dtype: KvDtype = "fp16"
+    decode_tokens_per_s: float | None = Field(default=None, gt=0)
+    """Per-sequence decode rate the traffic needs; null: 10 tokens/s (a little faster than people read)."""
 
 
 class Profile(BaseModel):
@@ -56,6 +58,8 @@ class Profile(BaseModel):
     nodes: int
     architecture: str
     memory_gib: float | None
+    memory_figures: str = ""
+    """Memory needed against usable on this host, quoted by the memory constraint when it fails."""
 
 
 def heaviness(prompt_tokens: int, output_tokens: int) -> Heavy:
@@ -67,8 +71,28 @@ def heaviness(prompt_tokens: int, output_tokens: int) -> Heavy:
     return "balanced"
 
 
+def read_yaml(path: Path) -> object:
+    """A YAML file's data; a syntax error becomes a ValueError naming the file, line and column."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ValueError(f"{path}:{where}: not valid YAML ({problem})") from None
+
+
+def validation_message(path: Path | str, exc: ValidationError) -> str:
+    """A pydantic error as one line: the file, then each field and what is wrong with it."""
+    problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'file'}: {e['msg']}" for e in exc.errors())
+    return f"{path}: {problems}"
+
+
 def load_workload(path: Path) -> Workload:
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = read_yaml(path) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a workload file is a YAML mapping of Workload fields")
-    return Workload.model_validate(data)
+    try:
+        return Workload.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(validation_message(path, exc)) from None

@@ -137,7 +137,9 @@ def test_json_schema_output_validates(client: openai.OpenAI) -> None:
 def test_json_object_output_parses(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": "Return a JSON object with a key ok set to true."}],
+        # Without the grammar this prompt gets a Python code block; with it, exactly {"ok": true}.
+        # (The older prompt looped into ever deeper nesting under greedy decoding on AVX2-only builds.)
+        messages=[{"role": "user", "content": 'Return the JSON object {"ok": true} and nothing else.'}],
         max_tokens=200,
         temperature=0,
         response_format={"type": "json_object"},

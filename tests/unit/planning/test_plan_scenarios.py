@@ -96,26 +96,44 @@ CASES = [
         rule="several-nvidia-gpus",
     ),
     Case(
-        "4x A100 with NVLink: tensor parallel",
+        "4x A100 with NVLink, production: tensor parallel over all 4",
+        "4x-a100-nvlink",
+        "llama-3-70b",
+        Workload(concurrency=32, mode="production"),
+        engine="vllm",
+        options={"tensor_parallel": 4, "pipeline_parallel": 1, "max_concurrency": 32},
+        rule="production",
+    ),
+    Case(
+        "4x A100 with NVLink, local: the 2 GPUs that hold it (paged KV)",
         "4x-a100-nvlink",
         "llama-3-70b",
         Workload(concurrency=32),
         engine="vllm",
-        options={"tensor_parallel": 4, "pipeline_parallel": 1, "max_concurrency": 32},
+        options={"tensor_parallel": 2, "pipeline_parallel": 1, "max_concurrency": 32},
     ),
     Case(
-        "4x A100 over PCIe: pipeline parallel",
+        "4x A100 over PCIe, production: pipeline parallel",
         "4x-a100-pcie",
         "llama-3-70b",
-        Workload(concurrency=32),
+        Workload(concurrency=32, mode="production"),
         engine="vllm",
         options={"tensor_parallel": 1, "pipeline_parallel": 4},
     ),
     Case(
-        "MoE, 128k context, 8x H100",
+        "MoE, 128k context, 8 short streams, 8x H100: one GPU holds it (paged KV)",
         "hgx-8x-h100",
         "qwen3-30b-a3b",
         Workload(context_length=131072, concurrency=8),
+        engine="sglang",
+        options={"context_length": 131072, "tensor_parallel": 1, "pipeline_parallel": 1},
+        rule="long-context-moe-or-shared-prefixes",
+    ),
+    Case(
+        "MoE, 8 streams that really hold 120k tokens each, 8x H100",
+        "hgx-8x-h100",
+        "qwen3-30b-a3b",
+        Workload(context_length=131072, concurrency=8, prompt_tokens=120_000, output_tokens=1000),
         engine="sglang",
         options={"context_length": 131072, "tensor_parallel": 4, "pipeline_parallel": 1},
         rule="long-context-moe-or-shared-prefixes",
@@ -236,14 +254,18 @@ def test_llama_server_is_planned_as_llamacpp_and_served_by_its_own_adapter() -> 
     in_process = plan(host("build-machine"), model("smollm2"), requested_engine="llamacpp", installed=ALL)
     served = plan(host("build-machine"), model("smollm2"), requested_engine="llama_server", installed=ALL)
     assert served.engine == "llama_server"
-    assert served.options == in_process.options and {"threads", "parallel", "context_length"} <= set(served.options)
+    # the same options, plus one KV cache shared by the slots (llama-server's --kv-unified)
+    assert served.options == {**in_process.options, "extra_args": ["--kv-unified"]}
+    assert {"threads", "parallel", "context_length"} <= set(served.options)
     assert any("runs as llama-server" in r for r in served.reasons)
 
 
 def test_context_is_capped_to_fit_when_the_workload_does_not_set_it() -> None:
-    # a 12 GB card holds SmolLM2 at its full 8,192-token context for 4 sequences: no cap
+    # a 12 GB card holds SmolLM2 at its full 8,192-token context: no cap; 4 streams go to llama-server,
+    # whose 4 slots share one unified KV cache of max(4 x 768 typical, 8,192) tokens
     small = plan(host("rtx-3060"), model("smollm2"), Workload(concurrency=4), installed=ALL)
-    assert small.options["context_length"] == 8192
+    assert small.engine == "llama_server" and small.options["parallel"] == 4
+    assert small.options["context_length"] == 8192 and small.options["extra_args"] == ["--kv-unified"]
     big = plan(
         host("hgx-8x-h100"), model("llama-3-70b").model_copy(update={"context_length": 2_000_000}), installed=ALL
     )
@@ -251,7 +273,7 @@ def test_context_is_capped_to_fit_when_the_workload_does_not_set_it() -> None:
     # (615.6 - 141.1) GB / 327,680 B = ~1.448M tokens fit, rounded down to a multiple of 256
     assert big.capacity and big.capacity.fit == "fast" and big.capacity.devices_used == 8
     assert 1_440_000 < big.options["context_length"] < 1_450_000 and big.options["context_length"] % 256 == 0
-    assert any("context capped" in r for r in big.reasons)
+    assert any("context lowered from the trained 2000000 to" in x for x in big.warnings)
 
 
 def test_every_plan_lists_candidates_and_rejections_with_their_rule_and_constraint() -> None:

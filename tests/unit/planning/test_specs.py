@@ -54,7 +54,10 @@ def test_deepseek_v3_mla_moe_fp8() -> None:
     assert (s.kv_lora_rank, s.qk_rope_head_dim) == (512, 64)
     assert 670e9 < s.params_total < 672e9  # the published 671B (without the MTP layer)
     assert 37e9 < s.params_active < 38e9  # the published 37B activated
-    assert s.weight_bytes == s.params_total  # one byte per FP8 weight
+    # one byte per FP8 weight; embeddings and lm_head stay bf16: 2 x 129,280 x 7,168 params x 2 bytes
+    embeddings = 2 * 129_280 * 7_168
+    assert s.unquantized_params == embeddings
+    assert s.weight_bytes == s.params_total - embeddings + 2 * embeddings
 
 
 def test_qwen3_30b_a3b() -> None:
@@ -86,7 +89,8 @@ def test_awq_gptq_and_hybrid(tmp_path: Path) -> None:
         json.dumps({**base, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}})
     )
     s = load_spec(awq)
-    assert (s.format, s.bits_per_weight) == ("awq", 4.25)
+    # 4 bits + a 16-bit scale and a packed 4-bit zero point per group of 128 = 4.15625
+    assert (s.format, s.bits_per_weight, s.quantization) == ("awq", 4.1562, "4-bit g128")
     hybrid = tmp_path / "hybrid"
     hybrid.mkdir()
     types = ["linear_attention"] * 3 + ["full_attention"]
