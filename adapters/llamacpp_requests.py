@@ -9,11 +9,14 @@ from adapters.base import EngineError, UnsupportedError
 
 
 def text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Content parts joined into text: llama-cpp-python's chat templates take a string only."""
+    """Content parts joined into text, no content (an assistant's tool calls) as "": llama-cpp-python's
+    chat templates concatenate the content as a string."""
     out = []
     for i, message in enumerate(messages):
         content = message.get("content")
-        if isinstance(content, list):
+        if content is None:
+            message = {**message, "content": ""}
+        elif isinstance(content, list):
             kinds = {part.get("type") for part in content} - {"text"}
             if kinds:
                 raise UnsupportedError(f"content parts of type {', '.join(sorted(map(str, kinds)))} are not supported "

@@ -57,3 +57,12 @@ def test_text_content_parts_are_served_and_other_parts_refused(gw: RunningGatewa
     image = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
     refused = httpx.post(gw.url + "/v1/chat/completions", json=chat(content=image), timeout=60)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages.0.content"
+
+
+def test_an_assistant_tool_call_without_content_is_served(gw: RunningGateway) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    body = {"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "user", "content": "Look it up."}, {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}]}
+    r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text  # was a 500: the chat template concatenated None
