@@ -173,6 +173,10 @@ class Adapter(abc.ABC):
     async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
         raise UnsupportedError(f"{self.engine} does not serve embeddings")
 
+    async def responses(self, body: dict[str, Any], ctx: RequestContext) -> ChatResult:
+        """The engine's own /v1/responses (capabilities.responses), stateless: the gateway keeps the state."""
+        raise UnsupportedError(f"{self.engine} does not serve the Responses API natively")
+
     async def engine_stats(self) -> EngineStats | None:
         """The engine's own metrics (queue, KV cache, tokens), polled by the gateway."""
         return None

@@ -9,14 +9,32 @@ import orjson
 from adapters.base import StreamEvent, Usage
 from adapters.upstream_errors import error_event, normalise_error
 
+RESPONSES_CONTENT = frozenset({"response.output_text.delta", "response.function_call_arguments.delta",
+                               "response.reasoning_text.delta", "response.refusal.delta"})
+RESPONSES_END = frozenset({"response.completed", "response.incomplete"})
+
 
 def _usage(obj: Any) -> Usage | None:
+    """Chat usage (prompt/completion_tokens) or Responses usage (input/output_tokens)."""
     if not isinstance(obj, dict):
         return None
-    prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
+    prompt = obj.get("prompt_tokens", obj.get("input_tokens"))
+    completion = obj.get("completion_tokens", obj.get("output_tokens"))
     if not isinstance(prompt, int):
         return None
     return Usage(prompt, completion if isinstance(completion, int) else 0)
+
+
+def _observe_responses(payload: bytes, obj: dict[str, Any], kind: str) -> StreamEvent:
+    """A native Responses event (every one has `type` and `sequence_number`): passed through as it is;
+    `response.failed` ends the stream as an error, completed/incomplete carry the usage."""
+    if kind == "response.failed":
+        return StreamEvent(payload, is_error=True, finish_reason="failed")
+    if kind in RESPONSES_END:
+        response = obj.get("response")
+        usage = _usage(response.get("usage")) if isinstance(response, dict) else None
+        return StreamEvent(payload, usage=usage, finish_reason=kind.removeprefix("response."))
+    return StreamEvent(payload, has_content=kind in RESPONSES_CONTENT)
 
 
 def observe(payload: bytes, drop_usage: bool) -> StreamEvent:
@@ -28,6 +46,9 @@ def observe(payload: bytes, drop_usage: bool) -> StreamEvent:
     if not isinstance(obj, dict):
         return error_event(f"the engine sent a malformed stream event: {payload[:200]!r}", "upstream_malformed")
     choices = obj.get("choices")
+    kind = obj.get("type")
+    if choices is None and "sequence_number" in obj and isinstance(kind, str):
+        return _observe_responses(payload, obj, kind)
     if "error" in obj or obj.get("object") == "error" or (choices is None and "message" in obj and "usage" not in obj):
         status = obj.get("code") if isinstance(obj.get("code"), int) else 500
         return StreamEvent(orjson.dumps(normalise_error(status, obj)), is_error=True)

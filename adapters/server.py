@@ -35,6 +35,7 @@ ROUTES: Mapping[str, str] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
+    "responses": "/v1/responses",
 }
 
 
@@ -192,6 +193,11 @@ class ServerAdapter(Adapter):
 
     async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         return await self._forward(ROUTES["completions"], body, ctx)
+
+    async def responses(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+        if not self.capabilities.responses:
+            return await super().responses(body, ctx)
+        return await self._forward(ROUTES["responses"], body, ctx)
 
     async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
         result = await self._forward(ROUTES["embeddings"], {**body, "stream": False}, ctx)

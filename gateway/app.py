@@ -10,7 +10,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.base import EngineError
 
-from gateway.api import chat, completions, embeddings, engines, health, models, observe, status
+from gateway.api import chat, completions, embeddings, engines, health, messages, models, observe, responses, status
 from gateway.api.errors import install_error_handlers
 from gateway.api.openapi import install_openapi
 from gateway.config import Settings
@@ -29,17 +29,19 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.router.lifespan = _lifespan(app, settings, runtime)  # type: ignore[method-assign]
     app.state.metrics = GatewayMetrics()
     app.state.settings = settings
+    app.state.response_store = responses.build_store(settings)
     app.state.drain = Drain(settings.shutdown_grace_seconds, settings.retry_after_seconds)
     app.state.startup_error = None
     install_error_handlers(app)
     install_openapi(app)
-    for module in (chat, completions, embeddings, models, health, observe, status, engines):
+    for module in (chat, completions, embeddings, responses, messages, models, health, observe, status, engines):
         app.include_router(module.router)
     # Outermost first at request time: metrics see every request, the drain refuses new ones,
     # auth before the body is read.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, timeout=settings.body_timeout_seconds)
     app.add_middleware(APIKeyMiddleware, keys=settings.api_keys)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
+    app.add_middleware(messages.AnthropicDialectMiddleware)  # outside auth and drain: their errors leave in Anthropic's shape too
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
 

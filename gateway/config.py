@@ -43,6 +43,17 @@ class ModelConfig(BaseModel):
     """Engine-specific extras passed through to the adapter."""
 
 
+class ResponseStoreConfig(BaseModel):
+    """Where stored Responses (`store: true`, `previous_response_id`) live and how long."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Path | None = None
+    """The SQLite file; None: $XDG_DATA_HOME/enginegate/responses.sqlite3 (~/.local/share/...)."""
+    max_age_seconds: float = Field(default=30 * 24 * 3600, gt=0)
+    max_count: int = Field(default=10_000, ge=1)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ENGINEGATE_",
@@ -71,6 +82,7 @@ class Settings(BaseSettings):
     """The whole request body must arrive within this long after the headers, else 408."""
     max_connections: int = Field(default=1024, ge=1)
     """Connections (and requests) served at once; beyond it uvicorn answers 503."""
+    response_store: ResponseStoreConfig = ResponseStoreConfig()
     config_file: Path | None = Field(default=None, exclude=True)
 
     @classmethod

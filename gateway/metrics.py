@@ -43,6 +43,9 @@ ROUTES = frozenset(
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/embeddings",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
         "/v1/models",
         "/v1/gateway/plan",
         "/v1/gateway/stats",
@@ -51,7 +54,9 @@ ROUTES = frozenset(
         "/metrics",
     }
 )
-GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+GENERATION_ROUTES = (
+    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+)
 ERROR_TYPES = ("client", "unsupported", "engine", "engine_stream", "internal", "cancelled")
 MODEL_STATE_KEY = "enginegate.model"
 OVERHEAD_HEADER = b"x-enginegate-overhead-ms"
@@ -75,6 +80,8 @@ def route_label(path: str) -> str:
         return path
     if path.startswith("/v1/models/"):
         return "/v1/models/{id}"
+    if path.startswith("/v1/responses/"):
+        return "/v1/responses/{id}"
     if path.startswith("/static/"):
         return "/static"
     return "other"

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import uvicorn
+from starlette.types import ASGIApp
 
 from adapters.process import free_port
 
@@ -21,6 +24,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 180.0
 
 
+@asynccontextmanager
+async def app_server(app: ASGIApp) -> AsyncIterator[str]:
+    """Serve `app` with uvicorn on a free port in this event loop; yields its URL (http://127.0.0.1:PORT)."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "the gateway failed to start"
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
 
 
 @dataclass

@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from gateway.api.errors import APIError
+from gateway.api.fanout import n_choices
 from gateway.api.protocol import CompletionRequest, engine_body
 from gateway.api.serving import generate, parse_body, resolve_backend
 from gateway.api.validate import check_token_ids
@@ -13,9 +13,9 @@ router = APIRouter()
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    parsed = await parse_body(request, CompletionRequest)
+    parsed, _ = await parse_body(request, CompletionRequest)
     backend = resolve_backend(request, parsed.model, "completions")
     check_token_ids(parsed.prompt, "prompt", backend.adapter.describe())
-    if (parsed.n or 1) > 1 and not backend.adapter.capabilities.n_choices:
-        raise APIError(400, f"n > 1 is not supported by the {backend.engine} engine; send n separate requests", param="n")
-    return await generate(request, backend, "completions", engine_body(parsed), parsed.include_usage)
+    n = parsed.n or 1
+    fan_out = n_choices(backend.adapter.completions, n) if n > 1 and not backend.adapter.capabilities.n_choices else None
+    return await generate(request, backend, "completions", engine_body(parsed), parsed.include_usage, call=fan_out)

@@ -12,7 +12,7 @@ router = APIRouter()
 
 @router.post("/v1/embeddings")
 async def embeddings(request: Request) -> Response:
-    parsed = await parse_body(request, EmbeddingRequest)
+    parsed, _ = await parse_body(request, EmbeddingRequest)
     backend = resolve_backend(request, parsed.model, "embeddings")
     check_token_ids(parsed.input, "input", backend.adapter.describe())
     return await generate(request, backend, "embeddings", engine_body(parsed), include_usage=False)

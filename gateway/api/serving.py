@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Literal, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal, Protocol, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from adapters.base import ClientRequestError, Completion, EngineError, RequestContext, StreamEvent, UnsupportedError
+from adapters.base import ChatResult, ClientRequestError, Completion, EngineError, RequestContext, StreamEvent, UnsupportedError
 from gateway.api.disconnect import ClientGone, unless_disconnected
 from gateway.api.errors import CLIENT_CLOSED, APIError, error_payload, error_response
 from gateway.drain import SHUTTING_DOWN, Drain
@@ -24,7 +24,7 @@ from gateway.timing import TimedStream, request_timing
 
 log = logging.getLogger("enginegate.api")
 
-Operation = Literal["chat", "completions", "embeddings"]
+Operation = Literal["chat", "completions", "embeddings", "responses"]
 M = TypeVar("M", bound=BaseModel)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -32,7 +32,51 @@ DONE = b"data: [DONE]\n\n"
 SHUTDOWN_MESSAGE = "the gateway is shutting down: the drain grace period ended before this request finished"
 
 
-async def parse_body(request: Request, model: type[M]) -> M:
+class StreamWriter(Protocol):
+    """Turns one generation's chat stream events into the bytes one API sends (one writer per request)."""
+
+    def event(self, event: StreamEvent) -> bytes: ...
+
+    def error(self, status: int, message: str) -> bytes: ...
+
+    async def end(self) -> bytes: ...
+
+
+class Dialect(Protocol):
+    """How an API speaks a chat result: chat itself, or a translation (Responses, Anthropic Messages)."""
+
+    async def complete(self, result: Completion) -> Response: ...
+
+    def writer(self) -> StreamWriter: ...
+
+
+class _ChatWriter:
+    def event(self, event: StreamEvent) -> bytes:
+        return b"data: " + event.data + b"\n\n" if event.data else b""
+
+    def error(self, status: int, message: str) -> bytes:
+        return b"data: " + orjson.dumps(error_payload(status, message)) + b"\n\n"
+
+    async def end(self) -> bytes:
+        return DONE
+
+
+class ChatDialect:
+    """The OpenAI chat/completions wire form: the engine's own bytes, passed through."""
+
+    async def complete(self, result: Completion) -> Response:
+        content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
+        return Response(content, status_code=result.status, media_type="application/json")
+
+    def writer(self) -> StreamWriter:
+        return CHAT_WRITER
+
+
+CHAT = ChatDialect()
+CHAT_WRITER = _ChatWriter()  # stateless: one serves every chat stream
+
+
+async def parse_body(request: Request, model: type[M]) -> tuple[M, dict[str, Any]]:
     raw = await request.body()
     try:
         body = orjson.loads(raw)
@@ -46,7 +90,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
         first = exc.errors()[0]
         param = _param(first["loc"])
         raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from exc
-    return parsed
+    return parsed, body
 
 
 def _param(loc: tuple[int | str, ...]) -> str | None:
@@ -114,17 +158,25 @@ async def admit(request: Request, backend: Backend) -> float:
     return waited
 
 
-async def generate(request: Request, backend: Backend, operation: Operation, body: dict[str, Any], include_usage: bool) -> Response:
+async def generate(
+    request: Request,
+    backend: Backend,
+    operation: Operation,
+    body: dict[str, Any],
+    include_usage: bool,
+    dialect: Dialect = CHAT,
+    call: Callable[[dict[str, Any], RequestContext], Awaitable[ChatResult]] | None = None,
+) -> Response:
+    """`call` replaces the adapter's operation (fan-out for n > 1); admission and metrics stay the same."""
     arrived = time.perf_counter()
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
     drain = request.app.state.drain
+    work = _admitted_call(request, backend, call or getattr(backend.adapter, operation), body, ctx)
     try:
         with drain.guard():
             try:
-                result = await unless_disconnected(
-                    request.receive, _admitted_call(request, backend, operation, body, ctx), lambda r: _discard(r, backend)
-                )
+                result = await unless_disconnected(request.receive, work, lambda r: _discard(r, backend))
             except asyncio.CancelledError:
                 if not drain.ending():
                     raise
@@ -142,21 +194,26 @@ async def generate(request: Request, backend: Backend, operation: Operation, bod
             _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
         if result.status < 400:
             m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
-        content = result.body if isinstance(result.body, bytes) else orjson.dumps(result.body)
-        return Response(content, status_code=result.status, media_type="application/json")
+        return await dialect.complete(result)
     return StreamingResponse(
-        _sse(TimedStream(result, request_timing(request.scope)), backend, m, arrived, drain),
-        media_type="text/event-stream", headers=SSE_HEADERS,
+        _sse(TimedStream(result, request_timing(request.scope)), backend, m, arrived, dialect.writer(), drain),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
     )
 
 
-async def _admitted_call(request: Request, backend: Backend, operation: Operation, body: dict[str, Any],
-                         ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+async def _admitted_call(
+    request: Request,
+    backend: Backend,
+    operation: Callable[[dict[str, Any], RequestContext], Awaitable[ChatResult]],
+    body: dict[str, Any],
+    ctx: RequestContext,
+) -> ChatResult:
     """Wait for a slot, then run the operation; the slot is the caller's to release on success."""
     await admit(request, backend)
     try:
         with request_timing(request.scope).upstream_span():
-            return await getattr(backend.adapter, operation)(body, ctx)  # type: ignore[no-any-return]
+            return await operation(body, ctx)
     except BaseException as exc:
         backend.admission.release()
         if isinstance(exc, Exception):
@@ -164,7 +221,7 @@ async def _admitted_call(request: Request, backend: Backend, operation: Operatio
         raise
 
 
-def _discard(result: Completion | AsyncIterator[StreamEvent], backend: Backend) -> None:
+def _discard(result: ChatResult, backend: Backend) -> None:
     """A result nobody will read: free its slot, and close a stream so its generation stops."""
     backend.admission.release()
     close = getattr(result, "aclose", None)
@@ -177,12 +234,19 @@ def _discard(result: Completion | AsyncIterator[StreamEvent], backend: Backend) 
 _closing: set[asyncio.Future[Any]] = set()
 
 
-async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayMetrics, arrived: float,
-               drain: Drain) -> AsyncIterator[bytes]:
+async def _sse(
+    events: AsyncIterator[StreamEvent],
+    backend: Backend,
+    m: GatewayMetrics,
+    arrived: float,
+    writer: StreamWriter = CHAT_WRITER,
+    drain: Drain | None = None,
+) -> AsyncIterator[bytes]:
     first_at: float | None = None
     last_at = arrived
     usage = None
     ended = False
+    drain = drain or Drain(grace=0.0)
     guarded = drain.register()  # the drain may end this stream: an error event, then the end
     try:
         try:
@@ -199,8 +263,9 @@ async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayM
                     usage = event.usage
                 if event.is_error:
                     m.errors.labels(backend.model_id, "engine_stream").inc()
-                if event.data:
-                    yield b"data: " + event.data + b"\n\n"
+                out = writer.event(event)
+                if out:
+                    yield out
                 if event.is_error:
                     ended = True
                     return
@@ -209,23 +274,23 @@ async def _sse(events: AsyncIterator[StreamEvent], backend: Backend, m: GatewayM
                 raise
             m.errors.labels(backend.model_id, "cancelled").inc()
             ended = True
-            yield b"data: " + orjson.dumps(error_payload(503, SHUTDOWN_MESSAGE, code=SHUTTING_DOWN)) + b"\n\n"
+            yield writer.error(503, SHUTDOWN_MESSAGE)
             return
         except (EngineError, UnsupportedError, ClientRequestError) as exc:
             _count_error(m, backend, exc)
             ended = True
             status = getattr(exc, "status", 400)
-            yield b"data: " + orjson.dumps(error_payload(status, exc.message)) + b"\n\n"
+            yield writer.error(status, exc.message)
             return
         except Exception as exc:  # never a hung or half-open stream
             log.exception("stream failed")
             _count_error(m, backend, exc)
             ended = True
-            yield b"data: " + orjson.dumps(error_payload(500, f"stream failed: {type(exc).__name__}")) + b"\n\n"
+            yield writer.error(500, f"stream failed: {type(exc).__name__}")
             return
         ended = True
         m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
-        yield DONE
+        yield await writer.end()
     finally:
         drain.unregister(guarded)
         await events.aclose()  # type: ignore[attr-defined]

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from tests.emulators import responses_api
 from tests.emulators.emulator_metrics import EmulatorMetrics
 from tests.emulators.styles import STYLES, ErrorReply, Json, Style, get_style
 
@@ -187,6 +188,8 @@ class Emulator:
             r.add_get("/metrics", self.trtllm_json_metrics)
         if name in ("trtllm", "vllm"):
             r.add_get("/version", self.version)
+        if name == "vllm":
+            r.add_post("/v1/responses", self.responses)
         if name == "dynamo":
             r.add_get("/live", self.live)
         if name == "tabby":
@@ -293,6 +296,12 @@ class Emulator:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self.generate(request, chat=False)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body, early = await self.admit(request)
+        if early is not None:
+            return early
+        return await responses_api.serve(request, body, self.cfg.model, self.cfg.tokens, self.cfg.error_after)
 
     async def read_body(self, request: web.Request) -> Json:
         try:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 import openai
 import pytest
 import pytest_asyncio
-import uvicorn
 
 from adapters.base import Completion, EngineError, RequestContext
 from adapters.external import ExternalAdapter
@@ -18,6 +16,7 @@ from gateway.config import ModelConfig, Settings
 from gateway.routing import Admission, Backend, ModelRegistry
 from gateway.runtime import Runtime
 from tests.emulators.fixture import RunningEmulator, running_emulator
+from tests.gateway_process import app_server
 
 pytestmark = pytest.mark.integration
 KEY = "sk-upstream"
@@ -39,18 +38,8 @@ async def gateway_url(emu: RunningEmulator) -> AsyncIterator[str]:
     models = ModelRegistry()
     models.add(Backend(model_id="remote", adapter=adapter(emu), admission=Admission(8, 16)))
     settings = Settings()
-    app = create_app(settings, Runtime(settings=settings, models=models))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done()
-        await asyncio.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        await task
+    async with app_server(create_app(settings, Runtime(settings=settings, models=models))) as url:
+        yield url + "/v1"
 
 
 async def test_chat_through_the_gateway_under_another_name(gateway_url: str) -> None:

@@ -148,12 +148,30 @@ def test_json_object_output_parses(client: openai.OpenAI) -> None:
     assert isinstance(json.loads(r.choices[0].message.content or ""), dict)
 
 
+def test_n_choices_on_the_in_process_engine(client: openai.OpenAI) -> None:
+    """llama.cpp makes one choice per request: the gateway runs n and merges them (seed + i for each)."""
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, n=3, max_tokens=6, temperature=1.0, seed=7)
+    assert [c.index for c in r.choices] == [0, 1, 2] and all(c.message.content for c in r.choices)
+    assert len({c.message.content for c in r.choices}) > 1  # different seeds, different samples
+    one = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, temperature=1.0, seed=7)
+    assert r.usage is not None and one.usage is not None
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens and 3 <= r.usage.completion_tokens <= 18  # the prompt once
+    stream = client.chat.completions.create(model=MODEL, messages=HELLO, n=2, max_tokens=5, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i) for i in (0, 1)]
+    assert all(texts) and [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and 2 <= chunks[-1].usage.completion_tokens <= 10
+    done = client.completions.create(model=MODEL, prompt=["a", "b"], n=2, max_tokens=2)
+    assert sorted(c.index for c in done.choices) == [0, 1, 2, 3]
+
+
 def test_errors_through_the_client(client: openai.OpenAI, gw: RunningGateway) -> None:
     with pytest.raises(openai.NotFoundError) as nf:
         client.chat.completions.create(model="nope", messages=HELLO)
     assert nf.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=MODEL, messages=HELLO, n=2)
+        client.chat.completions.create(model=MODEL, messages=HELLO, n=129)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=[])
     r = httpx.post(gw.base_url + "/chat/completions", content=b"{", headers={"content-type": "application/json"})

@@ -1,0 +1,94 @@
+"""vLLM's native `POST /v1/responses` for the emulator: a stateless Response (or its typed SSE events,
+`event: <type>` + `data:` as vLLM frames them) whose output is the emulator's usual `tok0 tok1 ...`."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+Json = dict[str, Any]
+
+
+def _words(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value.split())
+    if isinstance(value, list):
+        return sum(_words(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_words(value.get(k)) for k in ("content", "text", "output", "arguments"))
+    return 0
+
+
+def plan(body: Json, default_tokens: int) -> tuple[int, int, bool]:
+    """(input tokens, output tokens, incomplete)."""
+    limit = body.get("max_output_tokens")
+    n = default_tokens if not isinstance(limit, int) else min(limit, default_tokens)
+    prompt = _words(body.get("input")) + _words(body.get("instructions"))
+    return prompt, n, isinstance(limit, int) and n >= limit
+
+
+def response(body: Json, model: str, rid: str, status: str, text: str | None, prompt: int, n: int) -> Json:
+    output = [] if text is None else [{"type": "message", "id": "msg_" + rid[5:], "status": "completed", "role": "assistant",
+                                       "content": [{"type": "output_text", "text": text, "annotations": []}]}]
+    usage = None if text is None else {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+                                       "output_tokens": n, "output_tokens_details": {"reasoning_tokens": 0},
+                                       "total_tokens": prompt + n}
+    return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status, "model": model,
+            "output": output, "usage": usage, "store": bool(body.get("store", True)),
+            "previous_response_id": body.get("previous_response_id"), "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None}
+
+
+async def serve(request: web.Request, body: Json, model: str, default_tokens: int, error_after: int | None) -> web.StreamResponse:
+    if not isinstance(body.get("input"), (str, list)):
+        return web.json_response({"object": "error", "message": "input is required", "type": "BadRequestError",
+                                  "param": "input", "code": 400}, status=400)
+    if body.get("previous_response_id"):  # the emulated vLLM keeps no state (store disabled, as by default)
+        return web.json_response({"object": "error", "message": "Response with id "
+                                  f"'{body['previous_response_id']}' not found.", "type": "NotFoundError",
+                                  "param": None, "code": 404}, status=404)
+    prompt, n, incomplete = plan(body, default_tokens)
+    rid = "resp_" + uuid.uuid4().hex
+    text = "".join(f"tok{i} " if i < n - 1 else f"tok{i}" for i in range(n))
+    status = "incomplete" if incomplete else "completed"
+    if not body.get("stream"):
+        return web.json_response(response(body, model, rid, status, text, prompt, n))
+    out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await out.prepare(request)
+    seq = 0
+
+    async def emit(kind: str, data: Json) -> None:
+        nonlocal seq
+        await out.write(b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data, "sequence_number": seq}) + b"\n\n")
+        seq += 1
+
+    item_id = "msg_" + rid[5:]
+    shell = response(body, model, rid, "in_progress", None, prompt, n)
+    await emit("response.created", {"response": shell})
+    await emit("response.in_progress", {"response": shell})
+    await emit("response.output_item.added", {"output_index": 0, "item": {"type": "message", "id": item_id,
+                                                                          "status": "in_progress", "role": "assistant", "content": []}})
+    part = {"type": "output_text", "text": "", "annotations": []}
+    await emit("response.content_part.added", {"item_id": item_id, "output_index": 0, "content_index": 0, "part": part})
+    for i in range(n):
+        if i == error_after:
+            await emit("error", {"code": "server_error", "message": "injected generation error", "param": None})
+            await emit("response.failed", {"response": {**shell, "status": "failed",
+                                                        "error": {"code": "server_error", "message": "injected generation error"}}})
+            await out.write_eof()
+            return out
+        delta = f"tok{i} " if i < n - 1 else f"tok{i}"
+        await emit("response.output_text.delta", {"item_id": item_id, "output_index": 0, "content_index": 0,
+                                                   "delta": delta, "logprobs": []})
+    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
+    await emit("response.output_text.done", {**where, "text": text, "logprobs": []})
+    await emit("response.content_part.done", {**where, "part": {**part, "text": text}})
+    final = response(body, model, rid, status, text, prompt, n)
+    await emit("response.output_item.done", {"output_index": 0, "item": final["output"][0]})
+    await emit("response.completed" if status == "completed" else "response.incomplete", {"response": final})
+    await out.write_eof()
+    return out
