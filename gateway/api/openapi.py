@@ -11,14 +11,20 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from gateway.api.errors import ERROR_TYPES
+from gateway.api.messages_translate import CountTokensRequest, MessagesRequest
 from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from gateway.api.responses_translate import ResponsesRequest
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
     "/v1/embeddings": EmbeddingRequest,
+    "/v1/responses": ResponsesRequest,
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": CountTokensRequest,
 }
-STREAMING = frozenset({"/v1/chat/completions", "/v1/completions"})
+STREAMING = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
+ANTHROPIC = "/v1/messages"  # its errors have Anthropic's shape
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -34,6 +40,15 @@ ERROR_SCHEMA: dict[str, Any] = {
                 "code": {"type": ["string", "null"]},
             },
         }
+    },
+}
+ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {"type": "object", "required": ["type", "message"],
+                  "properties": {"type": {"type": "string"}, "message": {"type": "string"}}},
     },
 }
 WHY: dict[int, str] = {
@@ -53,10 +68,14 @@ PROTECTED_ERRORS = (401, 503)  # other /v1 and /admin routes: key, drain
 ANY_JSON: dict[str, Any] = {"application/json": {"schema": {}}}
 
 
-def _errors(statuses: tuple[int, ...]) -> dict[str, Any]:
+def _errors(statuses: tuple[int, ...], schema: str = "ErrorResponse") -> dict[str, Any]:
     assert all(s in ERROR_TYPES for s in statuses)
-    ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    ref = {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}
     return {str(s): {"description": WHY[s], "content": ref} for s in statuses}
+
+
+def _error_schema(path: str) -> str:
+    return "AnthropicErrorResponse" if path.startswith(ANTHROPIC) else "ErrorResponse"
 
 
 def _request_schemas(components: dict[str, Any]) -> None:
@@ -72,6 +91,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
     components["ErrorResponse"] = ERROR_SCHEMA
+    components["AnthropicErrorResponse"] = ANTHROPIC_ERROR_SCHEMA
     _request_schemas(components)
     for path, operations in spec["paths"].items():
         for operation in operations.values():
@@ -87,7 +107,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 content = {**ANY_JSON, "text/event-stream": {"schema": {}}} if path in STREAMING else ANY_JSON
                 responses["200"] = {"description": "The OpenAI response (an SSE stream when `stream` is true)",
                                     "content": content}
-                responses.update(_errors(GENERATION_ERRORS))
+                responses.update(_errors(GENERATION_ERRORS, _error_schema(path)))
             elif path.startswith(("/v1/", "/admin/")):
                 responses.update(_errors(PROTECTED_ERRORS))
                 if "{" in path:

@@ -37,16 +37,17 @@ def bounded(spec: dict[str, Any], models: list[str]) -> dict[str, Any]:
     tokens, few messages. Everything else is fuzzed as published."""
     spec = copy.deepcopy(spec)
     schemas = spec["components"]["schemas"]
-    for name in ("ChatCompletionRequest", "CompletionRequest", "EmbeddingRequest"):
+    for name in ("ChatCompletionRequest", "CompletionRequest", "EmbeddingRequest", "ResponsesRequest",
+                 "MessagesRequest", "CountTokensRequest"):
         props = schemas[name]["properties"]
         props["model"] = {"type": "string", "enum": models}
-        for limit in ("max_tokens", "max_completion_tokens"):
+        required = schemas[name].setdefault("required", [])
+        for limit in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             if limit in props:
                 props[limit] = {"type": "integer", "minimum": 1, "maximum": 4}
-        schemas[name].setdefault("required", [])
-        for field in ("model", "max_tokens"):
-            if field in props and field not in schemas[name]["required"]:
-                schemas[name]["required"].append(field)
+        for field in ("model", "max_tokens", "max_output_tokens"):
+            if field in props and field not in required:
+                required.append(field)
     schemas["ChatCompletionRequest"]["properties"]["messages"]["maxItems"] = 3
     return spec
 
