@@ -11,16 +11,22 @@ from adapters.base import (
     UnsupportedError,
     Usage,
 )
+from adapters.config import EngineConfig
+from adapters.spec import EngineSpec, Layout, ServerSpec
 
 __all__ = [
     "Adapter",
     "Capabilities",
     "ClientRequestError",
     "Completion",
+    "EngineConfig",
     "EngineError",
+    "EngineSpec",
     "EngineStats",
     "Health",
+    "Layout",
     "RequestContext",
+    "ServerSpec",
     "StreamEvent",
     "UnsupportedError",
     "Usage",

@@ -11,7 +11,10 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from adapters.spec import EngineSpec
 
 Operation = Literal["chat", "completions", "embeddings", "responses"]
 
@@ -22,13 +25,22 @@ class Capabilities:
     completions: bool = True
     embeddings: bool = False
     responses: bool = False
+    """The engine serves /v1/responses itself (the gateway translates to chat for the others)."""
     tools: bool = False
     structured_output: bool = False
     n_choices: bool = False  # n > 1
     logprobs: bool = False
 
     def supports(self, operation: Operation) -> bool:
-        return bool(getattr(self, operation))
+        match operation:
+            case "chat":
+                return self.chat
+            case "completions":
+                return self.completions
+            case "embeddings":
+                return self.embeddings
+            case "responses":
+                return self.responses
 
 
 @dataclass(slots=True)
@@ -147,13 +159,20 @@ class Adapter(abc.ABC):
     must cancel the generation.
     """
 
-    engine: ClassVar[str]
-    capabilities: ClassVar[Capabilities] = Capabilities()
-    default_concurrency: ClassVar[int] = 1
+    engine: str = ""
+    capabilities: Capabilities = Capabilities()
+    default_concurrency: int = 1
     """Requests the gateway lets through to the engine at once (more wait in its queue). Engines
     that batch (servers) take many; an in-process model instance generates one at a time."""
-    container_image: ClassVar[str | None] = None
+    container_image: str | None = None
     """The engine's official container image, for deploy/ (None: the engine runs in the gateway's own)."""
+
+    def declare(self, spec: EngineSpec) -> None:
+        """Take the engine's declared facts (name, capabilities, concurrency, image) from its spec."""
+        self.engine = spec.name
+        self.capabilities = spec.capabilities
+        self.default_concurrency = spec.default_concurrency
+        self.container_image = spec.container_image
 
     @abc.abstractmethod
     async def start(self) -> None: ...
@@ -180,6 +199,10 @@ class Adapter(abc.ABC):
     async def engine_stats(self) -> EngineStats | None:
         """The engine's own metrics (queue, KV cache, tokens), polled by the gateway."""
         return None
+
+    def logs(self, lines: int = 100) -> list[str]:
+        """The last lines of the engine's own log; empty for engines with none (in-process)."""
+        return []
 
     def describe(self) -> dict[str, Any]:
         """Facts for /v1/models and the start-up summary (context length, file, ...)."""

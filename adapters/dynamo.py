@@ -15,27 +15,16 @@ it counts as up while it runs, and the frontend's readiness covers the rest.
 from __future__ import annotations
 
 import asyncio
-import shlex
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-
-from adapters.base import (
-    Capabilities,
-    ClientRequestError,
-    Completion,
-    EngineError,
-    Health,
-    RequestContext,
-    StreamEvent,
-)
+from adapters import sglang, vllm
+from adapters.base import Capabilities, ClientRequestError, Completion, EngineError, Health, RequestContext, StreamEvent
+from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchOptions, flag, flag_if_not_default
+from adapters.launch import LaunchConfigError, LaunchOptions, flag, flag_if_not_default, kv_layout_options, strings
 from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState
-from gateway.config import ModelConfig
+from adapters.spec import EngineSpec, Layout, ServerSpec
 
 WORKERS = ("vllm", "sglang", "trtllm", "mocker")
 PROBE_TIMEOUT = 30.0  # the one-token readiness request
@@ -70,24 +59,9 @@ def worker_argv(worker: str, model_path: str, served: str, opts: LaunchOptions, 
     if worker == "mocker":
         argv += ["--model-path", model_path, "--model-name", served]
     elif worker == "vllm":  # vLLM's own engine arguments
-        argv += ["--model", model_path, "--served-model-name", served]
-        flag_if_not_default(argv, "--tensor-parallel-size", opts.tensor_parallel)
-        flag_if_not_default(argv, "--pipeline-parallel-size", opts.pipeline_parallel)
-        flag(argv, "--max-model-len", opts.context_length)
-        flag(argv, "--gpu-memory-utilization", opts.gpu_memory_fraction)
-        flag(argv, "--quantization", opts.quantization)
-        flag(argv, "--kv-cache-dtype", opts.kv_cache_dtype)
+        argv += vllm.engine_args(model_path, served, opts)
     elif worker == "sglang":  # SGLang's server arguments
-        argv += ["--model-path", model_path, "--served-model-name", served]
-        flag_if_not_default(argv, "--tp-size", opts.tensor_parallel)
-        flag_if_not_default(argv, "--pp-size", opts.pipeline_parallel)
-        if opts.nodes > 1:
-            argv += ["--nnodes", str(opts.nodes), "--node-rank", str(opts.node_rank),
-                     "--dist-init-addr", str(opts.master_addr)]
-        flag(argv, "--context-length", opts.context_length)
-        flag(argv, "--mem-fraction-static", opts.gpu_memory_fraction)
-        flag(argv, "--quantization", opts.quantization)
-        flag(argv, "--kv-cache-dtype", opts.kv_cache_dtype)
+        argv += sglang.engine_args(model_path, served, opts)
     elif worker == "trtllm":  # dynamo.trtllm's own flags (1.6.1: --model; --model-path is obsolete)
         argv += ["--model", model_path, "--served-model-name", served]
         flag_if_not_default(argv, "--tensor-parallel-size", opts.tensor_parallel)
@@ -99,49 +73,45 @@ def worker_argv(worker: str, model_path: str, served: str, opts: LaunchOptions, 
     return argv + plane_args(discovery)
 
 
-class DynamoAdapter(EngineServer):
-    engine = "dynamo"
-    capabilities = Capabilities(
-        chat=True, completions=True, embeddings=False, tools=True, structured_output=True,
-    )
-    container_image = "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1"
-    images: ClassVar[Mapping[str, str]] = {
-        "vllm": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1",
-        "sglang": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.6.1",
-        "trtllm": "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1",
-    }
-    install_hint = ("pip install 'ai-dynamo[vllm]'  (or [sglang], [trtllm]); on a host where that fails: "
-                    "pip install ai-dynamo-runtime && pip install --no-deps ai-dynamo")
-    python_module = "dynamo.frontend"
-    metrics_map: ClassVar[Mapping[str, str]] = METRICS
-    uses_api_key = False
-    default_startup_timeout = 900.0
+def layout_options(lay: Layout) -> dict[str, Any]:
+    return {**kv_layout_options(lay), "worker": "vllm", "router_mode": "kv" if lay.shared_prefix else "round-robin"}
 
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        super().__init__(model, options)
+
+IMAGES: Mapping[str, str] = {
+    "vllm": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1",
+    "sglang": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.6.1",
+    "trtllm": "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1",
+}
+
+
+class DynamoAdapter(EngineServer):
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        super().__init__(config, spec)
         self.worker = str(self.options.get("worker", "vllm"))
         self.discovery = str(self.options.get("discovery_backend", "file"))
         self.router_mode = self.options.get("router_mode")
-        self.container_image = self.images.get(self.worker, self.container_image)  # type: ignore[misc]
-        self._kv_dir: Path | None = None
-        program = self.options.get("worker_executable")
-        self.worker_program = shlex.split(program) if isinstance(program, str) else list(program or [])
+        self.container_image = IMAGES.get(self.worker, self.container_image)
+        try:
+            self.worker_program = list(strings(self.options, "worker_executable"))
+            self.worker_args = list(strings(self.options, "worker_args"))
+        except LaunchConfigError as exc:
+            self.config_error = self.config_error or str(exc)
+            self.worker_program, self.worker_args = [], []
         self.worker_process = self._new_process(self.launch_worker, role="worker")
 
     def _env(self) -> dict[str, str]:
         if self.discovery != "file":
             return {}
-        if self._kv_dir is None:
-            self._kv_dir = Path(tempfile.mkdtemp(prefix="enginegate-dynamo-"))
-        return {"DYN_FILE_KV": str(self._kv_dir)}
+        return {"DYN_FILE_KV": str(self.run_dir("discovery"))}
 
     def command(self, endpoint: Endpoint) -> Launch:
+        """The frontend, the process the gateway relays to."""
         return Launch(frontend_argv(self.launch_options, endpoint, self.discovery, self.router_mode), self._env())
 
     def launch_worker(self, endpoint: Endpoint) -> Launch:
         argv = worker_argv(self.worker, self.model_path, self.served, self.launch_options, self.discovery,
                            self.worker_program)
-        return Launch(argv + list(self.options.get("worker_args", [])), {**self._env(), **self.launch_options.env})
+        return Launch(argv + self.worker_args, {**self._env(), **self.launch_options.env})
 
     async def ready(self, process: ManagedProcess, endpoint: Endpoint) -> bool:
         """Ready when a request would succeed: the frontend lists the served model (a worker
@@ -150,9 +120,9 @@ class DynamoAdapter(EngineServer):
 
         The worker has no port to probe: at start-up (no frontend yet) it counts as up while it
         runs; restarted under a serving frontend, it is ready by the same rule."""
-        if process is getattr(self, "worker_process", None):
+        if process is not self.process:  # the worker (ready() is called only once it runs)
             return await self._serves_through_frontend()
-        if self.worker_process.state.value == "failed":
+        if self.worker_process.state is ProcessState.FAILED:
             raise ProcessError(f"the dynamo.{self.worker} worker failed: {self.worker_process.detail}")
         return await self._serves(endpoint)
 
@@ -212,11 +182,26 @@ class DynamoAdapter(EngineServer):
             await super().stop()
         finally:
             await self.worker_process.stop()
-            if self._kv_dir is not None:
-                shutil.rmtree(self._kv_dir, ignore_errors=True)
-                self._kv_dir = None
+            self.remove_run_dir()  # the discovery folder, once the worker that writes to it is gone
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info["worker"] = {"kind": self.worker, "state": self.worker_process.state.value, "pid": self.worker_process.pid}
         return info
+
+
+SPEC = EngineSpec(
+    name="dynamo",
+    adapter=DynamoAdapter,
+    capabilities=Capabilities(chat=True, completions=True, embeddings=False, tools=True, structured_output=True),
+    accelerators=("nvidia",),
+    formats=("bf16", "fp16", "fp8", "awq", "gptq", "compressed-tensors", "bnb", "nvfp4", "mxfp4"),
+    min_compute_capability=8.0,
+    install_hint=("pip install 'ai-dynamo[vllm]'  (or [sglang], [trtllm]); on a host where that fails: "
+                  "pip install ai-dynamo-runtime && pip install --no-deps ai-dynamo"),
+    python_modules=("dynamo",),
+    layout_options=layout_options,
+    default_concurrency=64,
+    container_image=IMAGES["vllm"],
+    server=ServerSpec(ready_path=None, metrics_map=METRICS, uses_api_key=False, startup_timeout=900.0),
+)

@@ -17,20 +17,24 @@ checkout from before that date (pinned by the operator: `git checkout <commit be
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import yaml
 
 from adapters.base import Capabilities, EngineError
+from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchOptions
+from adapters.launch import LaunchOptions, server_layout_options
 from adapters.process import Endpoint, Launch
-from gateway.config import ModelConfig
+from adapters.spec import EngineSpec, Layout, ServerSpec, missing_package
 
 CACHE_MODES = {None: "FP16", "auto": "FP16", "fp16": "FP16", "q8": "Q8", "q6": "Q6", "q4": "Q4",
                "fp8": "Q8", "int8": "Q8", "int4": "Q4"}
-MIN_COMPUTE_CAPABILITY = {"exllamav3": (8, 0), "exllamav2": (6, 0)}
+EXLLAMA_KV_DTYPE = {"fp16": "fp16", "bf16": "fp16", "fp8": "q8", "q8_0": "q8", "q4_0": "q4"}
+"""The planner's KV dtype in TabbyAPI's cache modes (lower case, as options.kv_cache_dtype takes them)."""
 
 
 def cache_mode(kv_cache_dtype: str | None) -> str:
@@ -67,40 +71,32 @@ def tabby_tokens(api_key: str, admin_key: str) -> dict[str, str]:
     return {"api_key": api_key, "admin_key": admin_key}
 
 
-class TabbyAdapter(EngineServer):
-    engine = "exllamav3"
-    backend: ClassVar[str] = "exllamav3"
-    capabilities = Capabilities(
-        chat=True, completions=True, embeddings=False, tools=True, structured_output=True, logprobs=True,
-    )
-    container_image = "ghcr.io/theroyallab/tabbyapi:latest"
-    install_hint = ("clone TabbyAPI (git clone https://github.com/theroyallab/tabbyAPI), install it "
-                    "(pip install -e '.[cu12]' in its directory; NVIDIA GPU) and set options.tabby_dir to the checkout")
-    metrics_path: ClassVar[str | None] = None
-    ready_path = "/health"
-    default_startup_timeout = 900.0
+def tabby_missing(spec: EngineSpec, options: Mapping[str, Any]) -> str | None:
+    """TabbyAPI is a checkout, not a package: installed means options.tabby_dir names one (or an executable)."""
+    if options.get("executable"):
+        return missing_package(spec, options)
+    if not options.get("tabby_dir"):
+        return f"the {spec.name} engine runs through TabbyAPI, and options.tabby_dir is not set: {spec.install_hint}"
+    tabby_dir = Path(str(options["tabby_dir"])).expanduser()
+    if not (tabby_dir / "main.py").is_file():
+        return f"options.tabby_dir {str(tabby_dir)!r} is not a TabbyAPI checkout (no main.py): {spec.install_hint}"
+    return None
 
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        super().__init__(model, options)
+
+class TabbyAdapter(EngineServer):
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        super().__init__(config, spec)
+        self.backend = spec.name
         self.tabby_dir = Path(str(self.options["tabby_dir"])).expanduser() if self.options.get("tabby_dir") else None
         self.admin_key = secrets.token_urlsafe(24)
 
-    def missing_engine(self) -> str | None:
-        if self.launch_options.executable:
-            return super().missing_engine()
-        if self.tabby_dir is None:
-            return f"the {self.engine} engine runs through TabbyAPI, and options.tabby_dir is not set: {self.install_hint}"
-        if not (self.tabby_dir / "main.py").is_file():
-            return f"options.tabby_dir {str(self.tabby_dir)!r} is not a TabbyAPI checkout (no main.py): {self.install_hint}"
-        return None
-
     def check(self) -> None:
         super().check()
-        need = MIN_COMPUTE_CAPABILITY[self.engine]
+        need = self.spec.min_compute_capability
         have = _compute_capability(self.options.get("compute_capability"))
-        if have is not None and have < need:
+        if need is not None and have is not None and have[0] + have[1] / 10 < need:
             raise EngineError(
-                f"{self.engine} needs CUDA compute capability >= {need[0]}.{need[1]}; this GPU has {have[0]}.{have[1]}"
+                f"{self.engine} needs CUDA compute capability >= {need:.1f}; this GPU has {have[0]}.{have[1]}"
                 + (" (use exllamav2, or the llamacpp engine with a GGUF model)" if self.engine == "exllamav3" else ""),
                 503, "unsupported_hardware",
             )
@@ -119,35 +115,47 @@ class TabbyAdapter(EngineServer):
         return Launch([*program, "--config", str(config_file)], cwd=str(run_dir))
 
 
-class ExLlamaV2Adapter(TabbyAdapter):
-    """EXL2 models on a pinned pre-2026-07-14 TabbyAPI checkout (`options.tabby_dir`)."""
-
-    engine = "exllamav2"
-    backend = "exllamav2"
-    container_image = None  # no maintained image ships the exllamav2 backend: build one from the pinned checkout
-    install_hint = ("clone TabbyAPI and check out a commit from before 2026-07-14, when main dropped ExLlamaV2 "
-                    "(git clone https://github.com/theroyallab/tabbyAPI && git -C tabbyAPI checkout "
-                    "$(git -C tabbyAPI rev-list -1 --before=2026-07-14 HEAD)), install it and set options.tabby_dir")
+def layout_options(lay: Layout) -> dict[str, Any]:
+    return server_layout_options(lay, EXLLAMA_KV_DTYPE)
 
 
 def _compute_capability(value: Any) -> tuple[int, int] | None:
-    """From the plan/config (`"8.6"`, `8.6`, `[8, 6]`) or, failing that, NVML's first GPU."""
-    if value is not None:
-        if isinstance(value, (list, tuple)) and len(value) == 2:
-            return int(value[0]), int(value[1])
-        major, _, minor = str(value).partition(".")
-        return int(major), int(minor or 0)
-    try:
-        import pynvml  # nvidia-ml-py
-    except ImportError:
+    """From the plan/config (`"8.6"`, `8.6`, `[8, 6]`); the planner fills it from the host's snapshot."""
+    if value is None:
         return None
-    try:
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            return int(major), int(minor)
-        finally:
-            pynvml.nvmlShutdown()
-    except pynvml.NVMLError:
-        return None
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return int(value[0]), int(value[1])
+    major, _, minor = str(value).partition(".")
+    return int(major), int(minor or 0)
+
+
+_TABBY = ServerSpec(ready_path="/health", metrics_path=None, startup_timeout=900.0)
+
+EXLLAMAV3 = EngineSpec(
+    name="exllamav3",
+    adapter=TabbyAdapter,
+    capabilities=Capabilities(chat=True, completions=True, embeddings=False, tools=True, structured_output=True,
+                              logprobs=True),
+    accelerators=("nvidia",),
+    formats=("exl3", "exl2", "gptq"),
+    min_compute_capability=8.0,  # Ampere or newer
+    install_hint=("clone TabbyAPI (git clone https://github.com/theroyallab/tabbyAPI), install it "
+                  "(pip install -e '.[cu12]' in its directory; NVIDIA GPU) and set options.tabby_dir to the checkout"),
+    missing=tabby_missing,
+    layout_options=layout_options,
+    default_concurrency=64,
+    container_image="ghcr.io/theroyallab/tabbyapi:latest",
+    server=_TABBY,
+)
+
+EXLLAMAV2 = replace(
+    EXLLAMAV3,
+    name="exllamav2",
+    accelerators=("nvidia", "amd"),
+    formats=("exl2", "gptq"),
+    min_compute_capability=6.0,
+    install_hint=("clone TabbyAPI and check out a commit from before 2026-07-14, when main dropped ExLlamaV2 "
+                  "(git clone https://github.com/theroyallab/tabbyAPI && git -C tabbyAPI checkout "
+                  "$(git -C tabbyAPI rev-list -1 --before=2026-07-14 HEAD)), install it and set options.tabby_dir"),
+    container_image=None,  # no maintained image ships the exllamav2 backend: build one from the pinned checkout
+)

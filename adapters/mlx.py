@@ -13,7 +13,6 @@ silicon `mlx-lm` alone brings the Metal build.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import sys
@@ -41,7 +40,9 @@ from adapters.base import (
 )
 from adapters.stops import StopMatcher, stop_list
 from adapters.thread_stream import ThreadStream
-from gateway.config import ModelConfig
+from adapters.config import EngineConfig
+from adapters.counters import StatsCounter
+from adapters.spec import EngineSpec
 
 log = logging.getLogger("enginegate.mlx")
 
@@ -83,22 +84,18 @@ class _Request:
 
 
 class MLXAdapter(Adapter):
-    engine = "mlx"
-    capabilities = Capabilities(chat=True, completions=True, embeddings=False, tools=False, structured_output=False)
-    container_image = None  # MLX needs Apple silicon (Metal): no container runs it
-
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        self.model = model
-        self.path = str(model.source)
-        self.context_length = options.get("context_length") or model.context_length
-        self.extra = dict(model.options)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"mlx-{model.name or 'model'}")
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        self.declare(spec)
+        self.config = config
+        self.path = config.source
+        self.context_length = config.options.get("context_length")
+        self.tokenizer_config = config.options.get("tokenizer_config")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"mlx-{config.name or 'model'}")
         self._model: Any = None
         self._tokenizer: Any = None
-        self._stats = EngineStats(
+        self._stats = StatsCounter(EngineStats(
             requests_running=0, prompt_tokens_total=0, generation_tokens_total=0, ttft_seconds_sum=0, ttft_seconds_count=0
-        )
-        self._stats_lock = threading.Lock()
+        ))
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -118,7 +115,7 @@ class MLXAdapter(Adapter):
                 status=503,
                 code="model_not_found",
             )
-        model, tokenizer = mlx_lm.load(self.path, tokenizer_config=self.extra.get("tokenizer_config"))
+        model, tokenizer = mlx_lm.load(self.path, tokenizer_config=self.tokenizer_config)
         return model, tokenizer
 
     async def start(self) -> None:
@@ -141,8 +138,7 @@ class MLXAdapter(Adapter):
         return Health(ready=loaded, detail="" if loaded else "not loaded")
 
     async def engine_stats(self) -> EngineStats:
-        with self._stats_lock:
-            return dataclasses.replace(self._stats)
+        return self._stats.snapshot()
 
     def describe(self) -> dict[str, Any]:
         return {"path": self.path, "context_length": self.context_length}
@@ -225,7 +221,7 @@ class MLXAdapter(Adapter):
         finish: str | None = "length"
         started = time.perf_counter()
         first = True
-        self._bump(requests_running=1)
+        self._stats.bump(requests_running=1)
         generator = stream_generate(
             self._model, self._tokenizer, req.tokens, max_tokens=req.max_tokens, sampler=sampler, logits_processors=processors
         )
@@ -233,7 +229,7 @@ class MLXAdapter(Adapter):
             for result in generator:
                 if first:
                     first = False
-                    self._bump(ttft_seconds_sum=time.perf_counter() - started, ttft_seconds_count=1)
+                    self._stats.bump(ttft_seconds_sum=time.perf_counter() - started, ttft_seconds_count=1)
                 if cancelled.is_set():
                     finish = None
                     break
@@ -252,13 +248,8 @@ class MLXAdapter(Adapter):
                 emit(tail)
         finally:
             generator.close()
-            self._bump(requests_running=-1, prompt_tokens_total=usage.prompt_tokens, generation_tokens_total=usage.completion_tokens)
+            self._stats.bump(requests_running=-1, prompt_tokens_total=usage.prompt_tokens, generation_tokens_total=usage.completion_tokens)
         return _Outcome(finish, usage)
-
-    def _bump(self, **deltas: float) -> None:
-        with self._stats_lock:
-            for name, delta in deltas.items():
-                setattr(self._stats, name, (getattr(self._stats, name) or 0) + delta)
 
     async def _complete(self, req: _Request, ctx: RequestContext, chat: bool) -> Completion:
         parts: list[str] = []
@@ -318,7 +309,7 @@ class MLXAdapter(Adapter):
 
     def _require_loaded(self) -> None:
         if self._model is None:
-            raise EngineError(f"model {self.model.name or self.path} is not loaded", status=503, code="model_not_ready")
+            raise EngineError(f"model {self.config.served} is not loaded", status=503, code="model_not_ready")
 
 
 def _engine_error(exc: BaseException) -> BaseException:
@@ -356,3 +347,19 @@ def _trained_context(path: Path) -> int | None:
         return None
     value = config.get("max_position_embeddings") or config.get("max_seq_len")
     return int(value) if value else None
+
+
+SPEC = EngineSpec(
+    name="mlx",
+    adapter=MLXAdapter,
+    capabilities=Capabilities(chat=True, completions=True, embeddings=False, tools=False, structured_output=False),
+    accelerators=("apple",),  # Apple silicon; its CPU / CUDA builds run only when requested (engine: mlx)
+    formats=("mlx", "bf16", "fp16"),
+    needs_fast_memory=False,
+    tensor_parallel=False,
+    paged_kv=False,
+    install_hint=INSTALL_HINT,
+    python_modules=("mlx", "mlx_lm"),
+    layout_options=lambda lay: {"context_length": lay.context_length},
+    container_image=None,  # MLX needs Apple silicon (Metal): no container runs it
+)

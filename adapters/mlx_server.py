@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any, ClassVar
 
 from adapters.base import Capabilities, RequestContext
 from adapters.engine_server import EngineServer
 from adapters.launch import LaunchOptions
 from adapters.mlx import INSTALL_HINT
 from adapters.process import Endpoint, Launch, ManagedProcess
-from gateway.config import ModelConfig
+from adapters.spec import EngineSpec, ServerSpec
 
 PROBE = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
 
@@ -36,25 +33,11 @@ def mlx_server_argv(model_path: str, opts: LaunchOptions, endpoint: Endpoint, ma
 
 
 class MLXServerAdapter(EngineServer):
-    engine = "mlx_server"
-    capabilities = Capabilities(chat=True, completions=True, embeddings=False, tools=True)
-    container_image = None  # Apple silicon (Metal) only: no container runs it
-    install_hint = INSTALL_HINT
-    python_module = "mlx_lm.server"
-    metrics_path: ClassVar[str | None] = None
-    uses_api_key = False
-    upstream_model = "default_model"
-
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        super().__init__(model, options)
-        self._hf_home: Path | None = None
 
     def command(self, endpoint: Endpoint) -> Launch:
         env: dict[str, str] = {}
         if "HF_HOME" not in os.environ and not (Path.home() / ".cache" / "huggingface").is_dir():
-            if self._hf_home is None:
-                self._hf_home = Path(tempfile.mkdtemp(prefix="enginegate-mlx-hf-"))
-            env["HF_HOME"] = str(self._hf_home)
+            env["HF_HOME"] = str(self.run_dir("hf-home"))
         max_tokens = self.options.get("max_tokens")
         return Launch(mlx_server_argv(self.model_path, self.launch_options, endpoint, max_tokens), env)
 
@@ -67,10 +50,17 @@ class MLXServerAdapter(EngineServer):
             return False
         return True
 
-    async def stop(self) -> None:
-        try:
-            await super().stop()
-        finally:
-            if self._hf_home is not None:
-                shutil.rmtree(self._hf_home, ignore_errors=True)
-                self._hf_home = None
+
+SPEC = EngineSpec(
+    name="mlx_server",
+    adapter=MLXServerAdapter,
+    capabilities=Capabilities(chat=True, completions=True, embeddings=False, tools=True),
+    install_hint=INSTALL_HINT,
+    python_modules=("mlx_lm",),
+    plans_as="mlx",
+    layout_options=lambda lay: {},  # mlx_lm.server takes no context or memory flag
+    default_concurrency=64,
+    container_image=None,  # Apple silicon (Metal) only: no container runs it
+    server=ServerSpec(ready_path=None, metrics_path=None, uses_api_key=False,
+                      upstream_model=lambda config: "default_model"),
+)

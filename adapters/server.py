@@ -1,9 +1,9 @@
 """ServerAdapter: an engine that is an OpenAI-compatible server of its own, launched and supervised.
 
-A concrete adapter is mostly a launch command (`launch`), a readiness rule (`ready`), and a
-metrics-name mapping (`metrics_map`); process supervision is `ManagedProcess`, and every request
-goes through the one `Relay`. Requests that arrive while the engine restarts wait for it (up to
-`ready_wait` seconds) and then fail with 503.
+What differs between engines is declared in their `ServerSpec` (launch command, readiness rule,
+metrics map); process supervision is `ManagedProcess`, and every request goes through the one
+`Relay`. Requests that arrive while the engine restarts wait for it (up to `ready_wait` seconds)
+and then fail with 503.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from adapters.openai_http import Relay, Timeouts, Upstream, UpstreamConnectionEr
 from adapters.paths import engine_log_path
 from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState, RestartPolicy
 from adapters.prom import engine_stats
-from gateway.config import ModelConfig
+from adapters.config import EngineConfig
+from adapters.spec import EngineSpec, ServerSpec
 
 ROUTES: Mapping[str, str] = {
     "chat": "/v1/chat/completions",
@@ -37,22 +38,6 @@ ROUTES: Mapping[str, str] = {
     "embeddings": "/v1/embeddings",
     "responses": "/v1/responses",
 }
-
-
-def merged_options(model: ModelConfig, plan_options: Mapping[str, Any]) -> dict[str, Any]:
-    """Model fields < the model's `options` < the plan's options."""
-    base: dict[str, Any] = {
-        "context_length": model.context_length,
-        "threads": model.threads,
-        "gpu_layers": model.gpu_layers,
-    }
-    return {**{k: v for k, v in base.items() if v is not None}, **model.options, **plan_options}
-
-
-def served_name(model: ModelConfig) -> str:
-    if model.name:
-        return model.name
-    return model.source if "/" not in model.source and "." not in model.source else Path(model.source).stem
 
 
 def timeouts_from(options: Mapping[str, Any]) -> Timeouts:
@@ -76,17 +61,18 @@ def restart_policy_from(options: Mapping[str, Any]) -> RestartPolicy:
 
 
 class ServerAdapter(Adapter):
-    default_concurrency = 64  # the engine batches and queues on its own
-    metrics_path: ClassVar[str | None] = "/metrics"
-    metrics_map: ClassVar[Mapping[str, str]] = {}
-    uses_api_key: ClassVar[bool] = True
     ask_usage: ClassVar[bool] = True
-    default_startup_timeout: ClassVar[float] = 300.0
 
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        self.model = model
-        self.options = merged_options(model, options)
-        self.served = served_name(model)
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        if spec.server is None:
+            raise TypeError(f"engine {spec.name!r} declares no server: it cannot run as a ServerAdapter")
+        self.spec = spec
+        self.server: ServerSpec = spec.server
+        self.declare(spec)
+        self.config = config
+        self.options = dict(config.options)
+        self.served = config.served
+        self.upstream_model = self.server.upstream_model(config) if self.server.upstream_model else None
         self.relay = Relay(self.engine, timeouts_from(self.options))
         self.ready_wait = float(self.options.get("ready_wait", 60.0))
         self.process = self._new_process(self.launch, role="")
@@ -97,20 +83,26 @@ class ServerAdapter(Adapter):
             f"{self.engine}:{self.served}{suffix}",
             launch,
             self.ready,
-            startup_timeout=float(self.options.get("startup_timeout", self.default_startup_timeout)),
+            startup_timeout=float(self.options.get("startup_timeout", self.server.startup_timeout)),
             stop_timeout=float(self.options.get("stop_timeout", 10.0)),
             restart=restart_policy_from(self.options),
             log_path=Path(self.options["log_dir"]) / f"{self.served}{suffix}.{self.engine}.log"
             if self.options.get("log_dir") else engine_log_path(self.engine, self.served + suffix),
-            uses_api_key=self.uses_api_key,
+            uses_api_key=self.server.uses_api_key,
         )
 
     @abc.abstractmethod
     def launch(self, endpoint: Endpoint) -> Launch: ...
 
     async def ready(self, process: ManagedProcess, endpoint: Endpoint) -> bool:
-        """Default rule: the model list names a model (engines whose /health lies)."""
-        return bool(await self.listed_models(endpoint))
+        """The spec's rule: its `ready_path` answers 200, or (None) the model list names a model."""
+        if self.server.ready_path is None:
+            return bool(await self.listed_models(endpoint))
+        try:
+            status, _ = await self.relay.get(self._upstream_for(endpoint), self.server.ready_path, timeout=10.0)
+        except (UpstreamConnectionError, OSError, TimeoutError):
+            return False
+        return status == 200
 
     async def listed_models(self, endpoint: Endpoint) -> list[str]:
         """The ids in the engine's /v1/models; empty while it cannot answer."""
@@ -127,7 +119,7 @@ class ServerAdapter(Adapter):
         return [str(m.get("id")) for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
     def _upstream_for(self, endpoint: Endpoint) -> Upstream:
-        return Upstream(endpoint.base_url, endpoint.api_key or None, ask_usage=self.ask_usage)
+        return Upstream(endpoint.base_url, endpoint.api_key or None, model=self.upstream_model, ask_usage=self.ask_usage)
 
     async def _upstream(self, process: ManagedProcess | None = None) -> Upstream:
         process = process or self.process
@@ -205,16 +197,16 @@ class ServerAdapter(Adapter):
         return result
 
     async def engine_stats(self) -> EngineStats | None:
-        if self.metrics_path is None or self.process.state is not ProcessState.READY:
+        if self.server.metrics_path is None or self.process.state is not ProcessState.READY:
             return None
         try:
-            status, raw = await self.relay.get(await self._upstream(), self.metrics_path, timeout=2.0)
+            status, raw = await self.relay.get(await self._upstream(), self.server.metrics_path, timeout=2.0)
         except (UpstreamConnectionError, OSError, TimeoutError, EngineError):
             return None
         if status != 200:
             return None
         try:
-            return engine_stats(raw.decode("utf-8", "replace"), self.metrics_map)
+            return engine_stats(raw.decode("utf-8", "replace"), self.server.metrics_map)
         except ValueError:
             return None
 

@@ -10,12 +10,12 @@ at node 0's `--dist-init-addr`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
 
 from adapters.base import Capabilities
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchOptions, flag, flag_if_not_default
+from adapters.launch import LaunchOptions, flag, flag_if_not_default, kv_layout_options
 from adapters.process import Endpoint, Launch
+from adapters.spec import EngineSpec, ServerSpec
 
 MODULE = "sglang.launch_server"
 METRICS: Mapping[str, str] = {
@@ -29,36 +29,49 @@ METRICS: Mapping[str, str] = {
 }
 
 
-def sglang_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpoint) -> list[str]:
-    argv = opts.python_module(MODULE)
-    argv += ["--model-path", model_path, "--served-model-name", served, "--host", endpoint.host,
-             "--port", str(endpoint.port)]
-    if endpoint.api_key:
-        argv += ["--api-key", endpoint.api_key]
+def engine_args(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpoint | None = None) -> list[str]:
+    """SGLang's server arguments (also what Dynamo's SGLang worker takes); with `endpoint`, its address and key."""
+    argv = ["--model-path", model_path, "--served-model-name", served]
+    if endpoint is not None:
+        argv += ["--host", endpoint.host, "--port", str(endpoint.port)]
+        if endpoint.api_key:
+            argv += ["--api-key", endpoint.api_key]
     flag_if_not_default(argv, "--tp-size", opts.tensor_parallel)
     flag_if_not_default(argv, "--pp-size", opts.pipeline_parallel)
+    flag_if_not_default(argv, "--dp-size", opts.data_parallel)
     if opts.nodes > 1:
         argv += ["--nnodes", str(opts.nodes), "--node-rank", str(opts.node_rank), "--dist-init-addr", str(opts.master_addr)]
     flag(argv, "--context-length", opts.context_length)
     flag(argv, "--mem-fraction-static", opts.gpu_memory_fraction)
     flag(argv, "--quantization", opts.quantization)
     flag(argv, "--kv-cache-dtype", opts.kv_cache_dtype)
+    return argv
+
+
+def sglang_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpoint) -> list[str]:
+    argv = opts.python_module(MODULE) + engine_args(model_path, served, opts, endpoint)
     if opts.metrics:
         argv.append("--enable-metrics")
     return argv
 
 
-class SGLangAdapter(EngineServer):
-    engine = "sglang"
-    capabilities = Capabilities(
-        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True,
-    )
-    container_image = "lmsysorg/sglang:latest"
-    install_hint = "pip install 'sglang[all]'  (NVIDIA GPU; see docs.sglang.ai for ROCm and CPU builds)"
-    python_module = MODULE
-    ready_path = "/health_generate"
-    metrics_map: ClassVar[Mapping[str, str]] = METRICS
-    default_startup_timeout = 900.0
+def sglang_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
+    return Launch(sglang_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint))
 
-    def command(self, endpoint: Endpoint) -> Launch:
-        return Launch(sglang_argv(self.model_path, self.served, self.launch_options, endpoint))
+
+SPEC = EngineSpec(
+    name="sglang",
+    adapter=EngineServer,
+    capabilities=Capabilities(
+        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True,
+    ),
+    accelerators=("nvidia", "amd"),
+    formats=("bf16", "fp16", "fp8", "awq", "gptq", "compressed-tensors", "bnb", "nvfp4", "mxfp4"),
+    min_compute_capability=7.5,
+    install_hint="pip install 'sglang[all]'  (NVIDIA GPU; see docs.sglang.ai for ROCm and CPU builds)",
+    python_modules=("sglang",),
+    layout_options=kv_layout_options,
+    default_concurrency=64,
+    container_image="lmsysorg/sglang:latest",
+    server=ServerSpec(command=sglang_command, ready_path="/health_generate", metrics_map=METRICS, startup_timeout=900.0),
+)

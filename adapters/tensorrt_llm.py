@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import yaml
 
 from adapters.base import Capabilities
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchOptions, flag, flag_if_not_default
+from adapters.launch import LaunchOptions, flag, flag_if_not_default, server_layout_options
 from adapters.process import Endpoint, Launch
-from gateway.config import ModelConfig
+from adapters.spec import EngineSpec, ServerSpec
 
 PROGRAM = "trtllm-serve"
 METRICS: Mapping[str, str] = {
@@ -66,32 +66,40 @@ def trtllm_argv(model_path: str, opts: LaunchOptions, endpoint: Endpoint, backen
     return argv
 
 
-class TensorRTLLMAdapter(EngineServer):
-    engine = "tensorrt_llm"
-    capabilities = Capabilities(
+def trtllm_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
+    extra = extra_options(adapter.launch_options)
+    extra_file: str | None = None
+    if extra:
+        path = adapter.run_dir() / "extra_llm_api_options.yaml"
+        path.write_text(yaml.safe_dump(extra, sort_keys=True))
+        extra_file = str(path)
+    backend = str(adapter.options.get("backend", "pytorch"))
+    return Launch(trtllm_argv(adapter.model_path, adapter.launch_options, endpoint, backend, extra_file))
+
+
+SPEC = EngineSpec(
+    name="tensorrt_llm",
+    adapter=EngineServer,
+    capabilities=Capabilities(
         chat=True, completions=True, embeddings=False, responses=True, tools=True, structured_output=True,
         n_choices=True, logprobs=True,
-    )
-    container_image = "nvcr.io/nvidia/tensorrt-llm/release:latest"
-    install_hint = ("pip install tensorrt_llm --extra-index-url https://pypi.nvidia.com  (NVIDIA GPU only), "
-                    "or run the container " "nvcr.io/nvidia/tensorrt-llm/release")
-    program_name = PROGRAM
-    ready_path = "/health_generate"
-    metrics_path: ClassVar[str | None] = "/prometheus/metrics"
-    metrics_map: ClassVar[Mapping[str, str]] = METRICS
-    uses_api_key = False
-    default_startup_timeout = 1800.0  # the tensorrt backend builds engines on first start
-
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        super().__init__(model, options)
-        self.upstream_model = Path(self.model_path).name  # type: ignore[misc]
-        self.backend = str(self.options.get("backend", "pytorch"))
-
-    def command(self, endpoint: Endpoint) -> Launch:
-        extra = extra_options(self.launch_options)
-        extra_file: str | None = None
-        if extra:
-            path = self.run_dir() / "extra_llm_api_options.yaml"
-            path.write_text(yaml.safe_dump(extra, sort_keys=True))
-            extra_file = str(path)
-        return Launch(trtllm_argv(self.model_path, self.launch_options, endpoint, self.backend, extra_file))
+    ),
+    accelerators=("nvidia",),
+    formats=("bf16", "fp16", "fp8", "awq", "gptq", "nvfp4", "mxfp4"),
+    min_compute_capability=8.0,
+    install_hint=("pip install tensorrt_llm --extra-index-url https://pypi.nvidia.com  (NVIDIA GPU only), "
+                  "or run the container nvcr.io/nvidia/tensorrt-llm/release"),
+    programs=(PROGRAM,),
+    layout_options=server_layout_options,
+    default_concurrency=64,
+    container_image="nvcr.io/nvidia/tensorrt-llm/release:latest",
+    server=ServerSpec(
+        command=trtllm_command,
+        ready_path="/health_generate",
+        metrics_path="/prometheus/metrics",
+        metrics_map=METRICS,
+        uses_api_key=False,
+        upstream_model=lambda config: Path(config.source).name,  # trtllm-serve names the model by its directory
+        startup_timeout=1800.0,  # the tensorrt backend builds engines on first start
+    ),
+)

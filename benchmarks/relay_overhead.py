@@ -17,9 +17,10 @@ import asyncio
 import sys
 from typing import Any
 
-from adapters.external import ExternalAdapter
+from adapters import registry
+from adapters.config import EngineConfig
 from benchmarks.harness import BODY, load, median_ms, spawn, stop, stream_load, wait_http
-from gateway.config import ModelConfig, Settings
+from gateway.config import Settings
 from tests.emulators.fixture import free_port
 
 TARGET_ADDED_P50_MS = 0.5
@@ -35,9 +36,8 @@ def serve_gateway(port: int, fast: str, paced: str) -> int:
 
     models = ModelRegistry()
     for name, url in (("fast", fast), ("paced", paced)):
-        config = ModelConfig(source=name, name=name, engine="openai",
-                             options={"base_url": url, "upstream_model": "emulated-model"})
-        models.add(Backend(model_id=name, adapter=ExternalAdapter(config, {}), admission=Admission(1024, 4096)))
+        config = EngineConfig(source=name, name=name, options={"base_url": url, "upstream_model": "emulated-model"})
+        models.add(Backend(model_id=name, adapter=registry.create("openai", config), admission=Admission(1024, 4096)))
     settings = Settings(port=port)
     app = create_app(settings, Runtime(settings=settings, models=models))
     uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning",

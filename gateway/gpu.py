@@ -14,6 +14,8 @@ from typing import Any
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.hardware.nvidia import init_nvml
+
 log = logging.getLogger("enginegate.gpu")
 
 LABELS = ["gpu", "name"]
@@ -33,8 +35,9 @@ class NvmlCollector(Collector):
         """A collector when NVML finds a GPU, else None (no driver, no library, no GPU)."""
         try:
             if nvml is None:
-                import pynvml as nvml
-            nvml.nvmlInit()
+                nvml = init_nvml()
+            else:
+                nvml.nvmlInit()
             collector = cls(nvml)
         except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
             log.debug("no NVML GPU metrics: %s", exc)

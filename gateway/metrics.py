@@ -18,7 +18,7 @@ import platform
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.metrics_core import Metric, SummaryMetricFamily
@@ -26,6 +26,9 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapters.base import EngineStats
+
+if TYPE_CHECKING:
+    from gateway.planning import Plan
 from gateway.timing import TIMING_STATE_KEY, RequestTiming
 
 VERSION = "0.1.0"
@@ -230,7 +233,7 @@ class GatewayMetrics:
         for route in GENERATION_ROUTES:
             self.overhead.labels(route)
 
-    def track_model(self, model: str, engine: str, plan: Any, *, slots: int, max_queue: int, quantization: str | None = None) -> None:
+    def track_model(self, model: str, engine: str, plan: Plan | None, *, slots: int, max_queue: int, quantization: str | None = None) -> None:
         """Declare a served model: its info series, its capacity, and its series at zero (so rates exist)."""
         rule, quant = plan_labels(plan, quantization)
         previous = self._tracked.get(model)
@@ -266,29 +269,15 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
-def plan_labels(plan: Any, quantization: str | None = None) -> tuple[str, str]:
-    """(rule, quantisation) from a Plan, read defensively: plans differ between planner versions."""
-    rule = getattr(plan, "rule", None) or getattr(plan, "rule_id", None)
-    if not rule:  # the planner's candidates: the chosen one names the rule that picked it
-        engine = getattr(plan, "engine", None)
-        for candidate in getattr(plan, "candidates", None) or ():
-            if getattr(candidate, "status", None) == "chosen" and getattr(candidate, "engine", engine) == engine:
-                rule = getattr(candidate, "rule", None)
-                break
-    if not rule:
-        reasons = getattr(plan, "reasons", None) or ()
-        rule = reasons[0] if reasons else None
-    spec = getattr(plan, "spec", None)
-    options = getattr(plan, "options", None) or {}
-    quant = (
-        quantization
-        or getattr(plan, "quantization", None)
-        or getattr(spec, "quant_type", None)
-        or getattr(spec, "quantization", None)
-        or options.get("quantization")
-        or options.get("quant_type")
-    )
-    return _bounded(rule), _bounded(quant)
+def plan_labels(plan: Plan | None, quantization: str | None = None) -> tuple[str, str]:
+    """(rule, quantisation): the selection rule that chose the engine, the quantisation it runs.
+
+    The quantisation is the one the user set for the engine (`options.quantization`), else the
+    model's own (a GGUF file type such as Q4_1, "4.0 bpw", ...)."""
+    if plan is None:
+        return _bounded(None), _bounded(quantization)
+    quant = quantization or plan.options.get("quantization") or (plan.spec.quantization if plan.spec else None)
+    return _bounded(plan.rule), _bounded(quant)
 
 
 def _bounded(value: Any) -> str:

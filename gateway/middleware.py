@@ -26,12 +26,17 @@ async def send_error(send: Send, status: int, message: str, code: str, headers: 
 PROTECTED_PREFIXES = ("/v1/", "/admin/")
 
 
+def bearer_token(authorization: bytes) -> bytes:
+    """The token of an `Authorization: Bearer <token>` header value; empty for any other scheme."""
+    return authorization[7:].strip() if authorization[:7].lower() == b"bearer " else b""
+
+
 def authorized(scope: Scope, keys: tuple[bytes, ...]) -> bool:
     """The request carries `Authorization: Bearer <one of keys>` (False when no key is configured)."""
     token = b""
     for key, value in scope.get("headers", []):
-        if key == b"authorization" and value[:7].lower() == b"bearer ":
-            token = value[7:].strip()
+        if key == b"authorization":
+            token = bearer_token(value)
     return bool(token) and any(hmac.compare_digest(token, k) for k in keys)
 
 

@@ -9,14 +9,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from adapters import registry
 from adapters.base import Adapter
+from adapters.config import EngineConfig, resolve_options
+from adapters.spec import EngineSpec
 from gateway import hardware, modelsource, planning
 from gateway.config import ModelConfig, Settings
+from gateway.hardware import HardwareSnapshot
+from gateway.planning import Plan
 from gateway.routing import Admission, Backend, ModelRegistry
 
 log = logging.getLogger("enginegate")
@@ -26,28 +31,33 @@ log = logging.getLogger("enginegate")
 class Runtime:
     settings: Settings
     models: ModelRegistry
-    snapshot: Any = None
-    plans: dict[str, Any] = field(default_factory=dict)
+    snapshot: HardwareSnapshot | None = None
+    plans: dict[str, Plan] = field(default_factory=dict)
     started: bool = False
 
     @classmethod
     def build(cls, settings: Settings) -> Runtime:
         snapshot = hardware.detect()
         models = ModelRegistry()
-        plans: dict[str, Any] = {}
+        plans: dict[str, Plan] = {}
         for index, config in enumerate(settings.models):
-            if config.engine != "auto" and not getattr(registry.get(config.engine), "local_weights", True):
-                models.add(_remote_backend(config, first=index == 0))
+            try:
+                requested = registry.spec(config.engine) if config.engine != "auto" else None
+            except registry.UnknownEngineError as exc:
+                raise PlanningError(f"model {config.name or config.source!r}: {exc}") from exc
+            if requested is not None and not requested.local_weights:
+                models.add(_remote_backend(config, requested, first=index == 0))
                 continue
             resolved = modelsource.resolve(config.source)
             model_id = config.name or resolved.default_id
             plan = _plan(snapshot, Path(resolved.path), config.engine)
-            engine = plan.engine if plan is not None else config.engine
-            base = plan.options if plan is not None else {}
-            options = {**base, **{k: v for k, v in _config_options(config).items() if v is not None}}
-            adapter_cls = registry.get(engine)
-            local = config.model_copy(update={"source": str(resolved.path), "name": model_id})
-            adapter = adapter_cls(local, options)
+            user = user_settings(config)
+            if plan is not None:
+                plan = planning.apply_user(plan, user, snapshot)
+            engine = registry.spec(plan.engine if plan is not None else config.engine)
+            adapter_config = engine_config(config, engine, plan.options if plan is not None else {},
+                                           source=str(resolved.path), name=model_id)
+            adapter = _create(engine, adapter_config)
             aliases = tuple(config.aliases) + ((resolved.path.stem,) if resolved.path.stem != model_id else ())
             if index == 0:
                 aliases += ("default",)
@@ -55,7 +65,8 @@ class Runtime:
                 Backend(
                     model_id=model_id,
                     adapter=adapter,
-                    admission=Admission(concurrency=_concurrency(adapter_cls, options), max_queue=config.max_queue),
+                    admission=Admission(concurrency=_concurrency(engine, adapter_config.options),
+                                        max_queue=config.max_queue),
                     plan=plan,
                     aliases=tuple(dict.fromkeys(a for a in aliases if a != model_id)),
                     created=int(time.time()),
@@ -87,17 +98,20 @@ class Runtime:
             why = plan.summary() if plan is not None else b.engine
             lines.append(f"  model:  {b.model_id} <- {b.info.get('path', '?')}")
             lines.append(f"  engine: {why}")
-            for warning in getattr(plan, "warnings", ()) or ():
+            for override in plan.overridden if plan is not None else ():
+                lines.append(f"  user:   {override.describe()}")
+            for warning in plan.warnings if plan is not None else ():
                 lines.append(f"  note:   {warning}")
         lines.append(f"  listen: http://{host}:{port}/v1  (OpenAI-compatible; metrics at /metrics)")
         return "\n".join(lines)
 
 
-def _remote_backend(config: ModelConfig, first: bool) -> Backend:
+def _remote_backend(config: ModelConfig, engine: EngineSpec, first: bool) -> Backend:
     """A model served elsewhere (engine: openai): nothing to resolve or plan here."""
     model_id = config.name or config.source
-    adapter = registry.get(config.engine)(config.model_copy(update={"name": model_id}), {})
-    concurrency = int(config.options.get("max_concurrency", 64))
+    adapter_config = engine_config(config, engine, {}, source=config.source, name=model_id)
+    adapter = _create(engine, adapter_config)
+    concurrency = int(adapter_config.options.get("max_concurrency", engine.default_concurrency))
     aliases = tuple(config.aliases) + (("default",) if first else ())
     return Backend(
         model_id=model_id,
@@ -110,10 +124,17 @@ def _remote_backend(config: ModelConfig, first: bool) -> Backend:
 
 
 class PlanningError(Exception):
-    """No engine can serve the model here; the message says why."""
+    """No engine can serve the model here (or its engine cannot take its options); the message says why."""
 
 
-def _plan(snapshot: Any, path: Path, requested_engine: str) -> Any:
+def _create(engine: EngineSpec, config: EngineConfig) -> Adapter:
+    try:
+        return engine.create(config)
+    except ValueError as exc:  # an option the adapter cannot take (e.g. engine openai without base_url)
+        raise PlanningError(f"model {config.served!r} ({engine.name}): {exc}") from exc
+
+
+def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str) -> Plan | None:
     """The plan; None when the user named the engine and the model's files cannot be sized."""
     try:
         spec = planning.load_spec(path)
@@ -124,22 +145,33 @@ def _plan(snapshot: Any, path: Path, requested_engine: str) -> Any:
         return None
     try:
         return planning.plan(snapshot, spec, requested_engine=requested_engine)
-    except planning.NoEngineError as exc:
+    except (planning.NoEngineError, ValueError) as exc:
         raise PlanningError(str(exc)) from exc
 
 
-def _concurrency(adapter_cls: type[Adapter], options: dict[str, Any]) -> int:
+def _concurrency(engine: EngineSpec, options: Mapping[str, Any]) -> int:
     """llama.cpp's slots are exact; batching engines get at least their default (they queue themselves)."""
     if options.get("parallel"):
         return int(options["parallel"])
-    return max(int(options.get("max_concurrency") or 0), adapter_cls.default_concurrency)
+    return max(int(options.get("max_concurrency") or 0), engine.default_concurrency)
 
 
-def _config_options(config: ModelConfig) -> dict[str, Any]:
-    """Options the user set explicitly win over the plan's."""
-    explicit = config.model_fields_set
-    mapping = {"context_length": "context_length", "threads": "threads", "gpu_layers": "gpu_layers"}
-    return {opt: getattr(config, field_name) for field_name, opt in mapping.items() if field_name in explicit}
+USER_FIELDS = ("context_length", "threads", "gpu_layers")
+"""Top-level model fields that are engine options: set explicitly, they count as the user's."""
+
+
+def user_settings(config: ModelConfig) -> dict[str, Any]:
+    """What the user set explicitly for this model's engine: top-level fields and `options` alike."""
+    explicit = config.model_dump(include=set(USER_FIELDS) & config.model_fields_set)
+    return {**explicit, **config.options}
+
+
+def engine_config(config: ModelConfig, engine: EngineSpec, planned: Mapping[str, Any], *,
+                  source: str | None = None, name: str | None = None) -> EngineConfig:
+    """The adapter's own config: engine defaults < the plan's options < the user's explicit settings."""
+    options = resolve_options(engine.defaults, planned, user_settings(config)).options
+    return EngineConfig(source=source or config.source, name=name if name is not None else (config.name or ""),
+                        options=options, embeddings=config.embeddings, chat_format=config.chat_format)
 
 
 def runtime_for_adapters(settings: Settings, adapters: dict[str, Adapter], max_queue: int = 16) -> Runtime:

@@ -62,20 +62,28 @@ class RunningGateway:
 
 
 @contextmanager
-def gateway(args: list[str] | None = None, env: Mapping[str, str] | None = None, config_yaml: str | None = None) -> Iterator[RunningGateway]:
+def gateway(args: list[str] | None = None, env: Mapping[str, str] | None = None, config_yaml: str | None = None,
+            program: str | None = None, cwd: Path = REPO_ROOT, start_timeout: float = START_TIMEOUT_S) -> Iterator[RunningGateway]:
+    """Serve from this checkout (`python -m gateway`), or run an installed `program` (no checkout on its path)."""
     port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="enginegate-test-"))
-    argv = [sys.executable, "-m", "gateway", "serve", "--port", str(port), *(args or [])]
+    command = [program] if program else [sys.executable, "-m", "gateway"]
+    argv = [*command, "serve", "--port", str(port), *(args or [])]
     if config_yaml is not None:
         (tmp / "config.yaml").write_text(config_yaml)
         argv += ["--config", str(tmp / "config.yaml")]
     log_path = tmp / "gateway.log"
-    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
+    base = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if program:
+        base.pop("PYTHONPATH", None)
+    else:
+        base["PYTHONPATH"] = str(REPO_ROOT)
+    full_env = {**base, **(env or {})}
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     running = RunningGateway(proc, port, log_path)
     try:
-        _wait_ready(running)
+        _wait_ready(running, start_timeout)
         yield running
     finally:
         if proc.poll() is None:
@@ -87,8 +95,8 @@ def gateway(args: list[str] | None = None, env: Mapping[str, str] | None = None,
                 proc.wait()
 
 
-def _wait_ready(gw: RunningGateway) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def _wait_ready(gw: RunningGateway, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if gw.process.poll() is not None:
             raise RuntimeError(f"gateway exited with {gw.process.returncode}:\n{gw.log()}")
@@ -98,4 +106,4 @@ def _wait_ready(gw: RunningGateway) -> None:
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"gateway not ready after {START_TIMEOUT_S}s:\n{gw.log()}")
+    raise RuntimeError(f"gateway not ready after {timeout}s:\n{gw.log()}")

@@ -8,7 +8,7 @@ from starlette.responses import Response
 from gateway.api.errors import APIError
 from gateway.api.fanout import n_choices
 from gateway.api.protocol import ChatCompletionRequest, ResponseFormat, engine_body
-from gateway.api.serving import generate, parse_body, resolve_backend
+from gateway.api.serving import generate, parse_body, require, resolve_backend
 from gateway.routing import Backend
 
 router = APIRouter()
@@ -37,9 +37,10 @@ def check_chat(
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    parsed, _ = await parse_body(request, ChatCompletionRequest)
+    parsed, body = await parse_body(request, ChatCompletionRequest)
     backend = resolve_backend(request, parsed.model, "chat")
     check_chat(backend, tools=parsed.tools, response_format=parsed.response_format)
+    require(backend, body)
     n = parsed.n or 1
     fan_out = n_choices(backend.adapter.chat, n) if n > 1 and not backend.adapter.capabilities.n_choices else None
     return await generate(request, backend, "chat", engine_body(parsed), parsed.include_usage, call=fan_out)

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
+from adapters.server import ServerAdapter
 from gateway.api.errors import APIError
 from gateway.api.serving import model_not_found, runtime
 
@@ -27,8 +28,7 @@ async def engine_logs(request: Request, model: str, lines: int = Query(200, ge=1
     backend = runtime(request).models.get(model)
     if backend is None:
         raise model_not_found(request, model)
-    logs = getattr(backend.adapter, "logs", None)
-    if logs is None:
+    if not isinstance(backend.adapter, ServerAdapter):
         raise APIError(400, f"engine {backend.engine} runs in-process and keeps no engine log", code="no_engine_log")
-    return {"model": backend.model_id, "engine": backend.engine, "lines": logs(lines),
+    return {"model": backend.model_id, "engine": backend.engine, "lines": backend.adapter.logs(lines),
             "log_path": backend.adapter.describe().get("log_path")}

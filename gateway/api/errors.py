@@ -13,26 +13,10 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from adapters.base import ClientRequestError, EngineError, UnsupportedError
+from adapters.upstream_errors import error_type
 
 log = logging.getLogger("enginegate.api")
 CLIENT_CLOSED = 499  # nginx's status for a request its client abandoned; never seen by that client
-
-ERROR_TYPES: dict[int, str] = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    408: "timeout_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    501: "not_supported_error",
-    502: "server_error",
-    503: "service_unavailable_error",
-    504: "server_error",
-}
 
 
 class APIError(Exception):
@@ -68,7 +52,7 @@ def error_payload(status: int, message: str, param: str | None = None, code: str
     return {
         "error": {
             "message": message,
-            "type": ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+            "type": error_type(status),
             "param": param,
             "code": code,
         }

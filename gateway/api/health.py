@@ -42,5 +42,5 @@ async def plans(request: Request) -> dict[str, Any]:
     snapshot = rt.snapshot.model_dump(mode="json") if rt.snapshot is not None else None
     return {
         "hardware": snapshot,
-        "plans": {mid: (p.model_dump(mode="json") if hasattr(p, "model_dump") else p) for mid, p in rt.plans.items()},
+        "plans": {mid: p.model_dump(mode="json") for mid, p in rt.plans.items()},
     }

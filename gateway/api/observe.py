@@ -15,6 +15,7 @@ from starlette.responses import Response
 from gateway.api.errors import error_response
 from gateway.api.serving import metrics, runtime
 from gateway.metrics import GENERATION_ROUTES, GatewayMetrics
+from gateway.middleware import bearer_token
 from gateway.runtime import Runtime
 
 log = logging.getLogger("enginegate.metrics")
@@ -33,7 +34,6 @@ async def refresh(m: GatewayMetrics, rt: Runtime) -> dict[str, bool]:
             backend.plan if backend.plan is not None else rt.plans.get(backend.model_id),
             slots=backend.admission.concurrency,
             max_queue=backend.admission.max_queue,
-            quantization=backend.info.get("quantization") or backend.info.get("quant_type"),
         )
         m.queue_waiting.labels(backend.model_id).set(backend.admission.waiting)
         m.running.labels(backend.model_id).set(backend.admission.running)
@@ -51,14 +51,13 @@ async def refresh(m: GatewayMetrics, rt: Runtime) -> dict[str, bool]:
 
 
 def _authorized(request: Request, key: str) -> bool:
-    header = request.headers.get("authorization", "")
-    token = header[7:].strip() if header[:7].lower() == "bearer " else ""
-    return hmac.compare_digest(token.encode(), key.encode())
+    token = bearer_token(request.headers.get("authorization", "").encode("latin-1"))
+    return hmac.compare_digest(token, key.encode())
 
 
 @router.get("/metrics")
 async def prometheus_metrics(request: Request) -> Response:
-    key = getattr(request.app.state.settings, "metrics_api_key", None)
+    key: str | None = request.app.state.settings.metrics_api_key
     if key and not _authorized(request, key):
         return error_response(401, "/metrics needs Authorization: Bearer <metrics_api_key>", code="invalid_api_key",
                               headers={"WWW-Authenticate": "Bearer"})

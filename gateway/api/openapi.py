@@ -10,7 +10,6 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from gateway.api.errors import ERROR_TYPES
 from gateway.api.messages_translate import CountTokensRequest, MessagesRequest
 from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from gateway.api.responses_translate import ResponsesRequest
@@ -69,7 +68,7 @@ ANY_JSON: dict[str, Any] = {"application/json": {"schema": {}}}
 
 
 def _errors(statuses: tuple[int, ...], schema: str = "ErrorResponse") -> dict[str, Any]:
-    assert all(s in ERROR_TYPES for s in statuses)
+    assert all(s in WHY for s in statuses)
     ref = {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}
     return {str(s): {"description": WHY[s], "content": ref} for s in statuses}
 

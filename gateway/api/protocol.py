@@ -98,10 +98,6 @@ class ChatCompletionRequest(_Sampling):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
 
-    @property
-    def output_limit(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
 
 _IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
 TokenInput = Annotated[

@@ -6,14 +6,24 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from adapters.base import ChatResult, ClientRequestError, Completion, EngineError, RequestContext, StreamEvent, UnsupportedError
+from adapters.base import (
+    Adapter,
+    ChatResult,
+    ClientRequestError,
+    Completion,
+    EngineError,
+    Operation,
+    RequestContext,
+    StreamEvent,
+    UnsupportedError,
+)
 from gateway.api.disconnect import ClientGone, unless_disconnected
 from gateway.api.errors import CLIENT_CLOSED, APIError, error_payload, error_response
 from gateway.drain import SHUTTING_DOWN, Drain
@@ -24,8 +34,14 @@ from gateway.timing import TimedStream, request_timing
 
 log = logging.getLogger("enginegate.api")
 
-Operation = Literal["chat", "completions", "embeddings", "responses"]
 M = TypeVar("M", bound=BaseModel)
+OPERATIONS: dict[Operation, Callable[[Adapter, dict[str, Any], RequestContext], Awaitable[ChatResult]]] = {
+    "chat": lambda adapter, body, ctx: adapter.chat(body, ctx),
+    "completions": lambda adapter, body, ctx: adapter.completions(body, ctx),
+    "embeddings": lambda adapter, body, ctx: adapter.embeddings(body, ctx),
+    "responses": lambda adapter, body, ctx: adapter.responses(body, ctx),
+}
+"""The adapter's typed operation for each route."""
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
@@ -142,6 +158,12 @@ def resolve_backend(request: Request, model: str, operation: Operation) -> Backe
     return backend
 
 
+def require(backend: Backend, body: dict[str, Any]) -> None:
+    """What every generation route asks of the engine's capabilities (chat's tools and formats: chat.check_chat)."""
+    if (body.get("logprobs") or body.get("top_logprobs")) and not backend.adapter.capabilities.logprobs:
+        raise APIError(400, f"logprobs are not supported by the {backend.engine} engine", param="logprobs")
+
+
 async def admit(request: Request, backend: Backend) -> float:
     """Wait for a free engine slot; returns the time waited. A full queue answers 429."""
     m = metrics(request)
@@ -172,7 +194,8 @@ async def generate(
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
     drain = request.app.state.drain
-    work = _admitted_call(request, backend, call or getattr(backend.adapter, operation), body, ctx)
+    run = call or (lambda b, c: OPERATIONS[operation](backend.adapter, b, c))
+    work = _admitted_call(request, backend, run, body, ctx)
     try:
         with drain.guard():
             try:

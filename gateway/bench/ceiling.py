@@ -17,7 +17,9 @@ from gateway.bench.load import Budget, Level, run_level
 from gateway.bench.stats import LevelStats
 from gateway.bench.workload import Length, PromptSource
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+# The directory that holds the `gateway` package (site-packages once installed, else the checkout):
+# the child process imports the same code as this one, from any working directory.
+_IMPORT_ROOT = Path(__file__).resolve().parents[2]
 BUSY_CLIENT = 0.8  # fraction of one core above which the client is the likely bottleneck
 NEAR_CEILING = 0.5  # fraction of the ceiling's rate above which a level may be client-bound
 
@@ -37,9 +39,9 @@ class Ceiling:
 
 async def measure_ceiling(concurrency: int, duration_s: float = 2.0, tokens: int = 16) -> Ceiling:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen([sys.executable, "-m", "gateway.bench.trivial_server", "--port", "0",
-                             "--tokens", str(tokens)], stdout=subprocess.PIPE, env=env, cwd=_REPO_ROOT)
+                             "--tokens", str(tokens)], stdout=subprocess.PIPE, env=env)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from gateway.hardware import HardwareSnapshot, detect
 from gateway.modelsource import ModelSourceError, embedded_model_path
+from adapters import registry
 from gateway.planning import (
-    ENGINES,
     NoEngineError,
     Plan,
     SpecError,
@@ -90,15 +90,15 @@ def run(args: argparse.Namespace) -> int:
         installed = None
         if args.installed is not None:
             names = {n.strip() for n in args.installed.split(",") if n.strip()}
-            unknown = names - set(ENGINES)
+            unknown = names - set(registry.names())
             if unknown:
                 raise ValueError(
-                    f"--installed: unknown engine(s) {', '.join(sorted(unknown))}; known: {', '.join(ENGINES)}"
+                    f"--installed: unknown engine(s) {', '.join(sorted(unknown))}; known: {', '.join(registry.names())}"
                 )
             installed = installed_set(names)
         rules = Path(args.rules) if args.rules else None
         decision = plan(snapshot, spec, workload, requested_engine=args.engine, installed=installed, rules=rules)
-    except (SpecError, NoEngineError, ModelSourceError, FileNotFoundError, ValueError) as exc:
+    except (SpecError, NoEngineError, ModelSourceError, FileNotFoundError, ValueError, registry.UnknownEngineError) as exc:
         print(f"enginegate plan: {exc}", file=sys.stderr)
         return 2
     print(decision.model_dump_json(indent=2) if args.json else describe(decision))

@@ -22,7 +22,8 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def read_nvml() -> dict[str, Any]:
+def init_nvml() -> Any:
+    """The `pynvml` module with NVML initialised (the one place it is): ProbeUnavailable when there is none."""
     try:
         import pynvml
     except ImportError as exc:
@@ -31,6 +32,11 @@ def read_nvml() -> dict[str, Any]:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
         raise ProbeUnavailable(f"NVML: {exc}") from exc
+    return pynvml
+
+
+def read_nvml() -> dict[str, Any]:
+    pynvml = init_nvml()
 
     def ask(call: Callable[..., T], *args: Any) -> T | None:
         try:

@@ -14,6 +14,7 @@ from gateway.planning.capacity import (
     prefill_seconds,
 )
 from gateway.planning.installed import Installed, installed_set, is_installed
+from gateway.planning.overrides import OptionOverride, apply_user
 from gateway.planning.plan import NoEngineError, Plan, plan
 from gateway.planning.selection import ENGINES, Candidate, Rejection, RuleBook, load_rules
 from gateway.planning.specs import ModelSpec, SpecError, load_spec
@@ -29,12 +30,14 @@ __all__ = [
     "MemoryPool",
     "ModelSpec",
     "NoEngineError",
+    "OptionOverride",
     "Plan",
     "Profile",
     "Rejection",
     "RuleBook",
     "SpecError",
     "Workload",
+    "apply_user",
     "assess",
     "decode_tokens_per_s",
     "installed_set",

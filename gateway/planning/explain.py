@@ -3,6 +3,7 @@ figures a "does not fit" carries."""
 
 from __future__ import annotations
 
+from adapters import registry
 from gateway.hardware import HardwareSnapshot
 from gateway.planning.capacity import Capacity
 from gateway.planning.options import Layout
@@ -43,7 +44,7 @@ def explain(
         f"weights {gb(cap.weights_bytes)} + {kv_text} = {gb(cap.required_bytes)}; "
         f"{'fits in' if cap.fit != 'none' else 'exceeds'} {where} ({usable})"
     )
-    if lay.gpus > 1 and engine not in ("llamacpp", "mlx"):
+    if lay.gpus > 1 and registry.spec(engine).tensor_parallel:
         if lay.pipeline_parallel > 1 and lay.tensor_parallel > 1:
             reasons.append(
                 f"tensor parallel {lay.tensor_parallel} x pipeline {lay.pipeline_parallel}: tensor parallel only "

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adapters import registry
 from gateway.hardware import HardwareSnapshot
 from gateway.planning.capacity import (
     Capacity,
@@ -21,8 +22,9 @@ from gateway.planning.explain import explain, gb, memory_figures
 from gateway.planning.gpu_count import choose_gpus
 from gateway.planning.installed import Installed, is_installed
 from gateway.planning.options import Layout, engine_options
+from gateway.planning.overrides import OptionOverride
 from gateway.planning.pools import GPU_MEMORY_FRACTION, fast_pools, host_gpus, place, system_pool
-from gateway.planning.selection import ENGINES, Candidate, Rejection, RuleBook, load_rules, rank, violations
+from gateway.planning.selection import Candidate, Rejection, RuleBook, load_rules, rank, violations
 from gateway.planning.specs import ModelSpec
 from gateway.planning.speed import slow_warning
 from gateway.planning.unknowns import host_unknowns, model_unknowns
@@ -36,6 +38,10 @@ class Plan(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     engine: str
     options: dict[str, Any] = Field(default_factory=dict)
+    rule: str | None = None
+    """The selection rule that chose the engine (`requested` when the config named it)."""
+    overridden: tuple[OptionOverride, ...] = ()
+    """The plan's choices that the user's explicit settings replaced (see overrides.py)."""
     reasons: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     assumed: tuple[str, ...] = ()
@@ -197,12 +203,13 @@ def _layout(
 ) -> Layout:
     gpus = pool.devices if pool.kind == "vram" else 0
     tp, pp = (pool.tensor_parallel, pool.pipeline_parallel) if gpus else (1, 1)
-    if engine in ("llamacpp", "mlx"):
+    facts = registry.spec(engine)
+    if not facts.tensor_parallel:
         tp, pp = 1, max(gpus, 1)
     gpu_layers = 0
     if pool.kind in ("vram", "unified") and fit == "fast":
         gpu_layers = -1
-    elif fit != "fast" and engine == "llamacpp" and spec.layers and spec.weight_bytes:
+    elif fit != "fast" and facts.partial_offload and spec.layers and spec.weight_bytes:
         fast = fast_pools(s)
         if fast and fast[-1].known:
             gpus = fast[-1].devices if fast[-1].kind == "vram" else 0
@@ -264,10 +271,9 @@ def _capacity(
     return assess(spec, pool, fit=fit, tensor_parallel=lay.tensor_parallel, replicas=lay.data_parallel, **common)  # type: ignore[arg-type]
 
 
-# Engines run in another mode of a planned engine: planned as that engine, served by this adapter.
-SERVED_AS: dict[str, str] = {"llama_server": "llamacpp", "mlx_server": "mlx"}
-RESERVED_KV = frozenset({"llamacpp", "mlx"})
-"""Engines that reserve each slot's full context up front; every other engine pages its KV cache."""
+def _reserves_kv(engine: str) -> bool:
+    """The engine reserves each slot's full context up front; every other engine pages its KV cache."""
+    return not registry.spec(engine).paged_kv
 
 
 def _home(
@@ -302,7 +308,7 @@ def _gpu_selection(engine: str, cap: Capacity, lay: Layout, snapshot: HardwareSn
             return {}
         memory = {g.index: g.memory_bytes or 0 for g in host_gpus(snapshot)}
         return {"tensor_split": [round(memory[i] / 2**30) if i in cap.gpus else 0 for i in sorted(memory)]}
-    if engine in RESERVED_KV:
+    if _reserves_kv(engine):
         return {}
     var = "HIP_VISIBLE_DEVICES" if snapshot.amd and snapshot.amd.gpus and not snapshot.nvidia else "CUDA_VISIBLE_DEVICES"
     return {"env": {var: ",".join(map(str, cap.gpus))}}
@@ -331,10 +337,16 @@ def plan(
     installed: Installed | None = None,
     rules: RuleBook | Path | None = None,
 ) -> Plan:
-    mode = requested_engine if requested_engine in SERVED_AS else None
-    requested_engine = SERVED_AS.get(requested_engine, requested_engine)
+    # An engine run as another mode of a planned engine (llama_server of llamacpp) is planned as that one.
+    planned_as = registry.spec(requested_engine).plans_as if requested_engine != "auto" else None
+    mode = requested_engine if planned_as else None
+    requested_engine = planned_as or requested_engine
     w = workload or Workload()
-    check = installed or is_installed
+    base_check = installed or is_installed
+
+    def check(engine: str) -> bool:
+        return base_check(mode if mode and engine == requested_engine else engine)
+
     book = rules if isinstance(rules, RuleBook) else load_rules(rules)
     weights = spec.weight_bytes
     if weights is None:
@@ -361,16 +373,18 @@ def plan(
     not_installed: list[Candidate] = []
     if requested_engine != "auto":
         if requested_engine not in book.engines:
-            raise ValueError(f"unknown engine {requested_engine!r}; known: {', '.join(ENGINES)}")
+            raise ValueError(f"engine {requested_engine!r} cannot be planned (its spec declares no layout options); "
+                             f"plannable: {', '.join(book.engines)}")
         chosen = Candidate(
             engine=requested_engine,
             rank=0,
             rule="requested",
-            because=f"engine {requested_engine!r} set in the model's config",
+            because=f"engine {mode or requested_engine!r} set in the model's config",
         )
         for v in violations(requested_engine, book.engines[requested_engine], profile, check):
+            install = registry.spec(mode).install_hint if mode and v.constraint == "installed" else v.install
             warnings.append(
-                f"{requested_engine} was requested but {v.detail}" + (f": {v.install}" if v.install else "")
+                f"{mode or requested_engine} was requested but {v.detail}" + (f": {install}" if install else "")
             )
     else:
         chosen, rejected, not_installed = _choose_engine(book, profile, ranked, check)
@@ -399,16 +413,16 @@ def plan(
             f"{w.concurrency} concurrent sequence(s) in {w.mode} use: llama-server with {w.concurrency} slots "
             "(the in-process adapter decodes one request at a time)"
         )
-    sizing: KvSizing = "paged" if chosen.engine not in RESERVED_KV or serve_as == "llama_server" else "reserved"
+    sizing: KvSizing = "paged" if not _reserves_kv(chosen.engine) or serve_as == "llama_server" else "reserved"
     replicas = 1
-    if chosen.engine not in RESERVED_KV:
+    if not _reserves_kv(chosen.engine):
         warnings += paged_warnings
         replicas = choice.replicas if choice else 1
         if choice:
             reasons.append(choice.why)
     else:
         # llama.cpp splits layers by each GPU's memory and can leave some in RAM; MLX uses unified memory
-        split = chosen.engine == "llamacpp"
+        split = registry.spec(chosen.engine).partial_offload
         context = _lowered(spec, w, trained_or_set, _home(snapshot, pools, weights, split, split), sizing, warnings)
         pool, fit = place(snapshot, weights + _kv_need(spec, w, context, sizing), split=split)
         if split and pool.kind == "vram":
@@ -416,12 +430,12 @@ def plan(
     lay = _layout(chosen.engine, pool, fit, spec, w, snapshot, context, replicas, _kv_need(spec, w, context, sizing))
     cap = _capacity(spec, pool, fit, lay, w, snapshot, sizing)
     gpus = host_gpus(snapshot)
-    if choice and chosen.engine not in RESERVED_KV and pool.kind == "vram":
+    if choice and not _reserves_kv(chosen.engine) and pool.kind == "vram":
         cap = cap.model_copy(update={"gpus": choice.gpus, "free_gpus": choice.free})
     elif pool.kind == "vram" or (fit != "fast" and lay.gpu_layers > 0):
         used = pool.indexes or tuple(g.index for g in gpus)[: lay.gpus]
         cap = cap.model_copy(update={"gpus": used, "free_gpus": tuple(g.index for g in gpus if g.index not in used)})
-    options = engine_options(chosen.engine, lay)
+    options = engine_options(serve_as or chosen.engine, lay)
     options.update(_gpu_selection(chosen.engine, cap, lay, snapshot))
     mode = serve_as
     if mode == "llama_server":
@@ -440,6 +454,7 @@ def plan(
     return Plan(
         engine=mode or chosen.engine,
         options=options,
+        rule=chosen.rule,
         reasons=tuple(reasons),
         warnings=tuple(warnings),
         assumed=tuple(assumed),

@@ -8,11 +8,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from adapters import registry
+from adapters.spec import EngineSpec
 from gateway.planning.installed import Installed
 from gateway.planning.workload import Profile, read_yaml, validation_message
 
 DEFAULT_RULES = Path(__file__).resolve().parents[1] / "data" / "selection.yaml"
 ENGINES = ("llamacpp", "mlx", "exllamav2", "exllamav3", "vllm", "sglang", "tensorrt_llm", "dynamo")
+"""The built-in engines the planner chooses among (plugins that declare a layout join them)."""
 
 
 class EngineNeeds(BaseModel):
@@ -22,6 +25,24 @@ class EngineNeeds(BaseModel):
     min_compute_capability: float | None = None
     needs_fast_memory: bool = True
     install: str
+
+    @classmethod
+    def of(cls, spec: EngineSpec) -> EngineNeeds:
+        return cls(
+            accelerators=spec.accelerators,
+            formats=spec.formats,
+            min_compute_capability=spec.min_compute_capability,
+            needs_fast_memory=spec.needs_fast_memory,
+            install=spec.install_hint,
+        )
+
+
+def registry_engines() -> dict[str, dict[str, Any]]:
+    """Every engine the planner can choose: those whose spec maps a planned layout to options (an engine that
+    is a mode of another, `plans_as`, is planned as that one)."""
+    plannable = [s for s in registry.specs() if s.layout_options is not None and s.plans_as is None]
+    plannable.sort(key=lambda s: (ENGINES.index(s.name) if s.name in ENGINES else len(ENGINES), s.name))
+    return {s.name: EngineNeeds.of(s).model_dump() for s in plannable}
 
 
 class Rule(BaseModel):
@@ -76,9 +97,10 @@ _CONDITIONS = {
 
 
 def _check_book(book: RuleBook, source: str) -> RuleBook:
+    known = registry_engines()
     for name in book.engines:
-        if name not in ENGINES:
-            raise ValueError(f"{source}: unknown engine {name!r} (known: {', '.join(ENGINES)})")
+        if name not in known:
+            raise ValueError(f"{source}: unknown engine {name!r} (known: {', '.join(known)})")
     for rule in book.rules:
         for engine in rule.prefer:
             if engine not in book.engines:
@@ -105,7 +127,7 @@ def _read(path: Path) -> dict[str, Any]:
 
 def load_rules(user_file: Path | None = None, default_file: Path = DEFAULT_RULES) -> RuleBook:
     base = _read(default_file)
-    engines = dict(base["engines"])
+    engines = {**registry_engines(), **(base.get("engines") or {})}
     rules = list(base["rules"])
     if user_file is not None:
         user = _read(Path(user_file))

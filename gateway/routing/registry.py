@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import Adapter
+from gateway.planning import Plan
 from gateway.routing.admission import Admission
 
 
@@ -15,7 +16,7 @@ class Backend:
     model_id: str
     adapter: Adapter
     admission: Admission
-    plan: Any = None
+    plan: Plan | None = None
     aliases: tuple[str, ...] = ()
     created: int = 0
     info: dict[str, Any] = field(default_factory=dict)

@@ -35,7 +35,7 @@ def parse_vllm(argv: list[str]) -> dict[str, str | None]:
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--api-key")
-    for name in ("--tensor-parallel-size", "--pipeline-parallel-size", "--max-model-len"):
+    for name in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size", "--max-model-len"):
         p.add_argument(name, type=int)
     p.add_argument("--gpu-memory-utilization", type=float)
     p.add_argument("--quantization")
@@ -58,7 +58,7 @@ def parse_sglang(argv: list[str]) -> dict[str, str | None]:
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--api-key")
-    for name in ("--tp-size", "--pp-size", "--nnodes", "--node-rank", "--context-length"):
+    for name in ("--tp-size", "--pp-size", "--dp-size", "--nnodes", "--node-rank", "--context-length"):
         p.add_argument(name, type=int)
     p.add_argument("--dist-init-addr")
     p.add_argument("--mem-fraction-static", type=float)
@@ -123,7 +123,7 @@ def run_dynamo_worker(argv: list[str]) -> None:
     p = strict_parser("dynamo.vllm")
     p.add_argument("--model", required=True)
     p.add_argument("--served-model-name", required=True)
-    for name in ("--tensor-parallel-size", "--pipeline-parallel-size", "--max-model-len"):
+    for name in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size", "--max-model-len"):
         p.add_argument(name, type=int)
     p.add_argument("--gpu-memory-utilization", type=float)
     p.add_argument("--quantization")

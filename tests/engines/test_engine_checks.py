@@ -16,14 +16,13 @@ from adapters.prom import engine_stats
 from adapters.sglang import METRICS as SGLANG_METRICS
 from adapters.tensorrt_llm import METRICS as TRTLLM_METRICS
 from adapters.vllm import METRICS as VLLM_METRICS
-from gateway.config import ModelConfig
+from adapters.config import EngineConfig
 
 SERVER_ENGINES = ["vllm", "sglang", "tensorrt_llm", "exllamav3", "exllamav2", "dynamo", "mlx_server"]
 
 
 def adapter(engine: str, **options: Any) -> EngineServer:
-    cls = registry.get(engine)
-    instance = cls(ModelConfig(source="/models/m", name="m", engine=engine, options=options), {})
+    instance = registry.create(engine, EngineConfig(source="/models/m", name="m", options=options))
     assert isinstance(instance, EngineServer)
     return instance
 
@@ -81,11 +80,11 @@ def test_dynamo_rejects_an_unknown_worker() -> None:
 
 @pytest.mark.parametrize("engine", SERVER_ENGINES)
 def test_every_adapter_names_a_container_image_or_says_why_not(engine: str) -> None:
-    cls = registry.get(engine)
+    image = registry.spec(engine).container_image
     if engine in ("mlx_server", "exllamav2"):
-        assert cls.container_image is None
+        assert image is None
     else:
-        assert cls.container_image and "/" in cls.container_image
+        assert image and "/" in image
 
 
 VLLM_TEXT = """\

@@ -17,7 +17,8 @@ from adapters.process import Endpoint
 from adapters.sglang import sglang_argv
 from adapters.tensorrt_llm import extra_options, trtllm_argv
 from adapters.vllm import vllm_argv, vllm_env
-from gateway.config import ModelConfig
+from adapters import registry
+from adapters.config import EngineConfig
 
 EP = Endpoint("127.0.0.1", 9000, "KEY")
 NO_KEY = Endpoint("127.0.0.1", 9000, "")
@@ -120,7 +121,8 @@ def test_tabby_adapter_writes_config_and_keys_in_its_own_run_dir(tmp_path: Path)
     tabby = tmp_path / "tabbyAPI"
     tabby.mkdir()
     (tabby / "main.py").write_text("")
-    adapter = TabbyAdapter(ModelConfig(source=MODEL, name="llama", options={"tabby_dir": str(tabby)}), {})
+    adapter = registry.create("exllamav3", EngineConfig(source=MODEL, name="llama", options={"tabby_dir": str(tabby)}))
+    assert isinstance(adapter, TabbyAdapter)
     launch = adapter.launch(EP)
     assert launch.argv[1:] == [str(tabby / "main.py"), "--config", str(Path(launch.cwd or "") / "config.yml")]
     assert Path(launch.cwd or "") != tabby
@@ -184,3 +186,11 @@ def test_bad_options_name_the_option(options: dict[str, Any], message: str) -> N
     with pytest.raises(LaunchConfigError) as err:
         launch_options(options)
     assert message in str(err.value)
+
+
+def test_data_parallel_replicas_reach_vllm_and_sglang() -> None:
+    opts = launch_options({"python": PY, "data_parallel": 2})
+    vllm = vllm_argv(MODEL, "llama", opts, EP)
+    sgl = sglang_argv(MODEL, "llama", opts, EP)
+    assert vllm[vllm.index("--data-parallel-size") + 1] == "2" and sgl[sgl.index("--dp-size") + 1] == "2"
+    assert "--data-parallel-size" not in vllm_argv(MODEL, "llama", launch_options({"python": PY}), EP)

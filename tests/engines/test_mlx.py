@@ -13,6 +13,8 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed: pip install 'mlx[
 openai = pytest.importorskip("openai")
 
 from adapters.base import EngineError  # noqa: E402
+from adapters import registry  # noqa: E402
+from adapters.config import EngineConfig  # noqa: E402
 from adapters.mlx import MLXAdapter  # noqa: E402
 from gateway.config import ModelConfig, Settings  # noqa: E402
 from gateway.runtime import Runtime  # noqa: E402
@@ -154,7 +156,7 @@ def test_closing_a_stream_stops_generation(gateway) -> None:
 
 def test_missing_mlx_says_what_to_install(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "mlx_lm", None)
-    adapter = MLXAdapter(ModelConfig(source=str(model_dir), engine="mlx"), {})
+    adapter = registry.create("mlx", EngineConfig(source=str(model_dir)))
     with pytest.raises(EngineError) as err:
         asyncio.run(adapter.start())
     assert "pip install" in err.value.message and "mlx" in err.value.message
@@ -165,7 +167,7 @@ def test_missing_mlx_says_what_to_install(model_dir: Path, monkeypatch: pytest.M
 def test_a_file_instead_of_a_model_directory_is_named(tmp_path: Path) -> None:
     weights = tmp_path / "model.gguf"
     weights.write_bytes(b"GGUF")
-    adapter = MLXAdapter(ModelConfig(source=str(weights), engine="mlx"), {})
+    adapter = registry.create("mlx", EngineConfig(source=str(weights)))
     with pytest.raises(EngineError, match="no config.json"):
         asyncio.run(adapter.start())
     asyncio.run(adapter.stop())

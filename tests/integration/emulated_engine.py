@@ -5,28 +5,20 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from adapters.base import Capabilities
 from adapters.process import Endpoint, Launch, ManagedProcess
 from adapters.server import ServerAdapter
-from gateway.config import ModelConfig
+from adapters.config import EngineConfig
+from adapters.spec import EngineSpec, ServerSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class EmulatedEngine(ServerAdapter):
-    engine: ClassVar[str] = "emulated"
-    capabilities: ClassVar[Capabilities] = Capabilities(embeddings=True)
-    metrics_map = {
-        "requests_running": "llamacpp:requests_processing",
-        "requests_waiting": "llamacpp:requests_deferred",
-        "prompt_tokens_total": "llamacpp:prompt_tokens_total",
-        "generation_tokens_total": "llamacpp:tokens_predicted_total",
-    }
-
-    def __init__(self, model: ModelConfig, options: dict[str, Any]) -> None:
-        super().__init__(model, options)
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        super().__init__(config, spec)
         self.style = str(self.options.get("style", "llamacpp"))
         self.flags = [str(f) for f in self.options.get("flags", [])]
 
@@ -43,6 +35,25 @@ class EmulatedEngine(ServerAdapter):
         return process.saw("emulator ready on") and await super().ready(process, endpoint)
 
 
+SPEC = EngineSpec(
+    name="emulated",
+    adapter=EmulatedEngine,
+    capabilities=Capabilities(embeddings=True),
+    default_concurrency=64,
+    server=ServerSpec(
+        ready_path=None,
+        metrics_map={
+            "requests_running": "llamacpp:requests_processing",
+            "requests_waiting": "llamacpp:requests_deferred",
+            "prompt_tokens_total": "llamacpp:prompt_tokens_total",
+            "generation_tokens_total": "llamacpp:tokens_predicted_total",
+        },
+    ),
+)
+
+
 def emulated(tmp_path: Path, style: str = "llamacpp", *flags: str, **options: Any) -> EmulatedEngine:
     opts: dict[str, Any] = {"style": style, "flags": list(flags), "log_dir": str(tmp_path), **options}
-    return EmulatedEngine(ModelConfig(source="emulated", name="emulated-model"), opts)
+    adapter = SPEC.create(EngineConfig(source="emulated", name="emulated-model", options=opts))
+    assert isinstance(adapter, EmulatedEngine)
+    return adapter

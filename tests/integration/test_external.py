@@ -12,11 +12,19 @@ from adapters.base import Completion, EngineError, RequestContext
 from adapters.external import ExternalAdapter
 from adapters.process import free_port
 from gateway.app import create_app
+from adapters import registry
+from adapters.config import EngineConfig
 from gateway.config import ModelConfig, Settings
 from gateway.routing import Admission, Backend, ModelRegistry
 from gateway.runtime import Runtime
 from tests.emulators.fixture import RunningEmulator, running_emulator
 from tests.gateway_process import app_server
+
+
+def make_external(config: EngineConfig) -> ExternalAdapter:
+    adapter = registry.create("openai", config)
+    assert isinstance(adapter, ExternalAdapter)
+    return adapter
 
 pytestmark = pytest.mark.integration
 KEY = "sk-upstream"
@@ -30,7 +38,7 @@ def emu() -> Iterator[RunningEmulator]:
 
 def adapter(emu: RunningEmulator, **options: object) -> ExternalAdapter:
     opts = {"base_url": emu.base_url, "api_key": KEY, "upstream_model": "emulated-model", **options}
-    return ExternalAdapter(ModelConfig(source="remote", name="remote", engine="openai", options=opts), {})
+    return make_external(EngineConfig(source="remote", name="remote", options=opts))
 
 
 @pytest_asyncio.fixture
@@ -73,7 +81,7 @@ async def test_start_checks_reachability_key_and_model(emu: RunningEmulator) -> 
 
 def test_configuration_errors_are_clear(monkeypatch: pytest.MonkeyPatch) -> None:
     def make(**options: object) -> ExternalAdapter:
-        return ExternalAdapter(ModelConfig(source="x", name="x", engine="openai", options=options), {})
+        return make_external(EngineConfig(source="x", name="x", options=options))
 
     with pytest.raises(ValueError, match="needs options.base_url"):
         make()

@@ -23,11 +23,14 @@ import pytest
 import pytest_asyncio
 import uvicorn
 
-from adapters.llama_server import LlamaServerAdapter, embedded_model_path, find_llama_server
+from adapters import registry
+from adapters.config import EngineConfig
+from adapters.llama_server import LlamaServerAdapter, find_llama_server
+from gateway.modelsource import embedded_model_path
 from adapters.process import free_port
 from gateway.api import engines as engines_api
 from gateway.app import create_app
-from gateway.config import ModelConfig, Settings
+from gateway.config import Settings
 from gateway.routing import Admission, Backend, ModelRegistry
 from gateway.runtime import Runtime
 
@@ -61,7 +64,8 @@ class Gateway:
 async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
     # one engine thread: the gateway and the client share this process and the machine's 2 vCPUs
     options = {"threads": 1, "parallel": 4, "context_length": 2048, "restart_backoff": 0.1, "log_dir": str(tmp_path)}
-    adapter = LlamaServerAdapter(ModelConfig(source=str(WEIGHTS), name=MODEL), options)
+    adapter = registry.create("llama_server", EngineConfig(source=str(WEIGHTS), name=MODEL, options=options))
+    assert isinstance(adapter, LlamaServerAdapter)
     models = ModelRegistry()
     models.add(Backend(model_id=MODEL, adapter=adapter, admission=Admission(4, 16)))
     settings = Settings()

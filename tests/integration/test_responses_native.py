@@ -4,8 +4,8 @@ and the gateway keeps the state. The engine is the emulator in vLLM's style, a r
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
 
 import openai
 import orjson
@@ -13,23 +13,25 @@ import pytest
 from fastapi.testclient import TestClient
 
 from adapters.base import Capabilities
+from adapters.config import EngineConfig
 from gateway.app import create_app
-from gateway.config import ModelConfig, Settings
+from gateway.config import Settings
 from gateway.runtime import runtime_for_adapters
-from tests.integration.emulated_engine import EmulatedEngine
+from tests.integration.emulated_engine import SPEC, EmulatedEngine
 from tests.unit.test_api_stream import metric_value
 
 pytestmark = pytest.mark.integration
 TEXT = "tok0 tok1 tok2 tok3"
 
 
-class NativeResponsesEngine(EmulatedEngine):
-    capabilities: ClassVar[Capabilities] = Capabilities(responses=True, tools=True, structured_output=True)
+NATIVE_RESPONSES = replace(SPEC, capabilities=Capabilities(responses=True, tools=True, structured_output=True))
 
 
-def engine(tmp_path: Path, name: str, *flags: str) -> NativeResponsesEngine:
-    return NativeResponsesEngine(ModelConfig(source="emulated", name=name),
-                                 {"style": "vllm", "flags": ["--tokens", "4", *flags], "log_dir": str(tmp_path)})
+def engine(tmp_path: Path, name: str, *flags: str) -> EmulatedEngine:
+    options = {"style": "vllm", "flags": ["--tokens", "4", *flags], "log_dir": str(tmp_path)}
+    adapter = NATIVE_RESPONSES.create(EngineConfig(source="emulated", name=name, options=options))
+    assert isinstance(adapter, EmulatedEngine)
+    return adapter
 
 
 @pytest.fixture

@@ -12,9 +12,12 @@ import openai
 import pytest
 import pytest_asyncio
 
-from adapters.llama_server import LlamaServerAdapter, embedded_model_path, find_llama_server
+from adapters import registry
+from adapters.config import EngineConfig
+from adapters.llama_server import LlamaServerAdapter, find_llama_server
 from gateway.app import create_app
-from gateway.config import ModelConfig, Settings
+from gateway.config import Settings
+from gateway.modelsource import embedded_model_path
 from gateway.routing import Admission, Backend, ModelRegistry
 from gateway.runtime import Runtime
 from tests.gateway_process import app_server
@@ -33,7 +36,8 @@ TOOLS = [{"name": "weather", "description": "Current weather for a city", "input
 async def url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     tmp: Path = tmp_path_factory.mktemp("llama-server")
     options = {"threads": 1, "parallel": 2, "context_length": 2048, "log_dir": str(tmp)}
-    adapter = LlamaServerAdapter(ModelConfig(source=str(WEIGHTS), name=MODEL), options)
+    adapter = registry.create("llama_server", EngineConfig(source=str(WEIGHTS), name=MODEL, options=options))
+    assert isinstance(adapter, LlamaServerAdapter)
     models = ModelRegistry()
     models.add(Backend(model_id=MODEL, adapter=adapter, admission=Admission(2, 16)))
     settings = Settings(response_store={"path": tmp / "r.sqlite3"})

@@ -11,9 +11,10 @@ import openai
 import pytest
 import pytest_asyncio
 
-from adapters.external import ExternalAdapter
+from adapters import registry
+from adapters.config import EngineConfig
 from gateway.app import create_app
-from gateway.config import ModelConfig, Settings
+from gateway.config import Settings
 from gateway.routing import Admission, Backend, ModelRegistry
 from gateway.runtime import Runtime
 from tests.emulators.fixture import RunningEmulator, running_emulator
@@ -38,7 +39,7 @@ def crashing() -> Iterator[RunningEmulator]:
 
 def backend(emu: RunningEmulator, name: str) -> Backend:
     opts = {"base_url": emu.base_url, "api_key": KEY, "upstream_model": "emulated-model"}
-    adapter = ExternalAdapter(ModelConfig(source="remote", name=name, engine="openai", options=opts), {})
+    adapter = registry.create("openai", EngineConfig(source="remote", name=name, options=opts))
     return Backend(model_id=name, adapter=adapter, admission=Admission(8, 16))
 
 

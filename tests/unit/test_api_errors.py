@@ -89,6 +89,18 @@ def test_n_out_of_range_is_refused_clearly(client: TestClient) -> None:
     assert err["param"] == "n"
 
 
+@pytest.mark.parametrize("route, extra, param", [
+    ("/v1/chat/completions", {"logprobs": True}, "logprobs"),
+    ("/v1/completions", {"logprobs": 1}, "logprobs"),
+])
+def test_logprobs_from_an_engine_without_them_is_a_clear_400(
+    client: TestClient, route: str, extra: dict, param: str
+) -> None:
+    body = {**CHAT, **extra} if route.endswith("chat/completions") else {"model": "echo", "prompt": "hi", **extra}
+    err = assert_openai_error(client.post(route, json=body), 400, "invalid_request_error")
+    assert err["param"] == param and "echo" in err["message"]
+
+
 def test_unsupported_operation_is_400(client: TestClient) -> None:
     r = client.post("/v1/embeddings", json={"model": "echo", "input": "x"})
     assert_openai_error(r, 400, "invalid_request_error")

@@ -109,6 +109,8 @@ def test_compose_structure_pins_images_mounts_existing_files_and_binds_loopback(
     env_example = (DEPLOY / "env.example").read_text()
     used = set(re.findall(r"\$\{(\w+)", (DEPLOY / "docker-compose.yml").read_text()))
     assert used <= set(re.findall(r"^(\w+)=", env_example, re.M)), "every compose variable is in env.example"
+    text = (DEPLOY / "docker-compose.yml").read_text()
+    assert not re.search(r"\$\{\w+:?-\}", text), "podman-compose 1.0.3 leaves ${VAR:-} unexpanded: write ${VAR}"
 
 
 def test_the_deploy_gateway_config_is_valid() -> None:
@@ -233,7 +235,7 @@ def gateway_yaml_settings(configmap: dict[str, Any], tmp_path: Path) -> Any:
 def test_configmaps_hold_valid_gateway_configs(tmp_path: Path) -> None:
     (base,) = by_kind(load_kustomization(K8S), "ConfigMap")
     assert gateway_yaml_settings(base, tmp_path).models[0].source == "default"
-    example = K8S / "examples/vllm-upstream"
+    example = DEPLOY / "k8s-examples/vllm-upstream"
     patch = yaml.safe_load((example / "gateway-config.yaml").read_text())
     assert patch["metadata"]["name"] == base["metadata"]["name"]
     model = gateway_yaml_settings(patch, tmp_path).models[0]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -17,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.base import Adapter, Capabilities, Completion, EngineStats, Health, RequestContext, StreamEvent, Usage
 from gateway.app import create_app
 from gateway.config import Settings
+from gateway.planning import ModelSpec, Plan
 from gateway.metrics import ERROR_TYPES, GatewayMetrics, plan_labels, route_label
 from gateway.runtime import runtime_for_adapters
 from gateway.timing import RequestTiming, TimedStream
@@ -143,7 +143,8 @@ async def test_metrics_key_protects_metrics_only() -> None:
 async def test_engine_stats_info_and_zeroed_error_series() -> None:
     client, app, _ = await make_client()
     backend = next(iter(app.state.runtime.models))
-    backend.plan = SimpleNamespace(engine="scripted", reasons=("rule one: small model on CPU", "second"), quantization="Q4_1")
+    backend.plan = Plan(engine="scripted", rule="cpu-only", reasons=("no GPU: llama.cpp ... [rule: cpu-only]", "second"),
+                        spec=ModelSpec(path="m.gguf", format="gguf", quantization="Q4_1"))
     async with client:
         text = (await client.get("/metrics")).text
     labels = {"model": "m1", "engine": "scripted"}
@@ -151,23 +152,21 @@ async def test_engine_stats_info_and_zeroed_error_series() -> None:
     assert value(text, "enginegate_engine_kv_cache_usage_ratio", **labels) == 0.25
     assert value(text, "enginegate_engine_time_to_first_token_seconds_sum", **labels) == 1.5
     assert value(text, "enginegate_engine_time_to_first_token_seconds_count", **labels) == 3
-    assert value(text, "enginegate_model_info", rule="rule one: small model on CPU", quantization="Q4_1", **labels) == 1
+    assert value(text, "enginegate_model_info", rule="cpu-only", quantization="Q4_1", **labels) == 1
     assert value(text, "enginegate_generation_slots", model="m1") == 1
     assert value(text, "enginegate_queue_capacity", model="m1") == 16
     for kind in ERROR_TYPES:
         assert value(text, "enginegate_errors_total", model="m1", type=kind) == 0
 
 
-def test_plan_labels_read_defensively() -> None:
+def test_plan_labels_name_the_rule_and_the_real_quantisation() -> None:
     assert plan_labels(None) == ("unknown", "unknown")
-    assert plan_labels(SimpleNamespace(rule="cpu-small", reasons=("x",), options={"quantization": "q8_0"})) == ("cpu-small", "q8_0")
-    assert plan_labels(SimpleNamespace(reasons=(), spec=SimpleNamespace(quantization="awq"))) == ("unknown", "awq")
-    chosen = SimpleNamespace(engine="vllm", rule="nvidia-datacenter", status="chosen")
-    other = SimpleNamespace(engine="sglang", rule="other-rule", status="available")
-    plan = SimpleNamespace(engine="vllm", reasons=("why",), candidates=(other, chosen), options={"quant_type": "AWQ"})
-    assert plan_labels(plan) == ("nvidia-datacenter", "AWQ")
-    rule, _ = plan_labels(SimpleNamespace(reasons=("x" * 500,)))
-    assert len(rule) == 120
+    spec = ModelSpec(path="m", format="awq", quantization="awq 4-bit g128")
+    assert plan_labels(Plan(engine="vllm", rule="nvidia-gpu", reasons=("x",), spec=spec)) == ("nvidia-gpu", "awq 4-bit g128")
+    user_set = Plan(engine="vllm", rule="production", spec=spec, options={"quantization": "fp8"})
+    assert plan_labels(user_set) == ("production", "fp8")
+    rule, quant = plan_labels(Plan(engine="vllm", rule="r" * 500))
+    assert len(rule) == 120 and quant == "unknown"
 
 
 async def test_stats_summary_changes_after_traffic() -> None:

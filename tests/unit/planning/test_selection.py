@@ -20,6 +20,18 @@ def test_default_rules_cover_every_engine() -> None:
     assert book.rules[-1].when == {}  # a fallback that always holds
 
 
+def test_engine_facts_are_read_from_each_engines_spec() -> None:
+    from adapters import registry
+
+    book = load_rules()
+    for name, needs in book.engines.items():
+        spec = registry.spec(name)
+        assert (needs.accelerators, needs.formats, needs.min_compute_capability, needs.needs_fast_memory,
+                needs.install) == (spec.accelerators, spec.formats, spec.min_compute_capability,
+                                   spec.needs_fast_memory, spec.install_hint)
+    assert "engines" not in yaml.safe_load(DEFAULT_RULES.read_text())  # the YAML keeps only preferences
+
+
 def test_user_rules_come_first_and_engines_can_be_overridden(tmp_path: Path) -> None:
     from gateway.planning import load_spec
 
@@ -99,9 +111,11 @@ def test_prefill_or_decode_heavy(prompt: int, output: int, heavy: str) -> None:
 def test_real_installed_check() -> None:
     import importlib.util
 
-    assert is_installed("llamacpp") == (
-        importlib.util.find_spec("llama_cpp") is not None or __import__("shutil").which("llama-server") is not None
-    )
+    from adapters.llama_server import find_llama_server
+
+    # one answer per engine, the adapter's own: the module for in-process llama.cpp, the binary for llama-server
+    assert is_installed("llamacpp") == (importlib.util.find_spec("llama_cpp") is not None)
+    assert is_installed("llama_server") == (find_llama_server(None) is not None)
     assert is_installed("tensorrt_llm") is False or importlib.util.find_spec("tensorrt_llm") is not None
     with pytest.raises(KeyError):
         is_installed("nope")
