@@ -12,6 +12,7 @@ import asyncio
 import base64
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,11 +33,11 @@ from adapters.base import (
     UnsupportedError,
     Usage,
 )
-from adapters.llamacpp_requests import text_messages, translator
-from adapters.thread_stream import ThreadStream
 from adapters.config import EngineConfig
 from adapters.counters import StatsCounter
+from adapters.llamacpp_requests import text_messages, translator
 from adapters.spec import EngineSpec, Layout
+from adapters.thread_stream import ThreadStream
 
 log = logging.getLogger("enginegate.llamacpp")
 
