@@ -14,11 +14,12 @@ it counts as up while it runs, and the frontend's readiness covers the rest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from adapters import sglang, vllm
-from adapters.base import Capabilities, EngineError
+from adapters.base import Capabilities, ClientRequestError, Completion, EngineError, Health, RequestContext, StreamEvent
 from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
 from adapters.launch import LaunchConfigError, LaunchOptions, flag, flag_if_not_default, kv_layout_options, strings
@@ -26,6 +27,7 @@ from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, Pro
 from adapters.spec import EngineSpec, Layout, ServerSpec
 
 WORKERS = ("vllm", "sglang", "trtllm", "mocker")
+PROBE_TIMEOUT = 30.0  # the one-token readiness request
 METRICS: Mapping[str, str] = {
     "requests_running": "dynamo_frontend_inflight_requests",
     "requests_waiting": "dynamo_frontend_queued_requests",
@@ -112,14 +114,50 @@ class DynamoAdapter(EngineServer):
         return Launch(argv + self.worker_args, {**self._env(), **self.launch_options.env})
 
     async def ready(self, process: ManagedProcess, endpoint: Endpoint) -> bool:
-        """Ready when the frontend lists the served model, i.e. a worker registered it.
+        """Ready when a request would succeed: the frontend lists the served model (a worker
+        registered it) and a one-token request through it answers 200 (the frontend lists a
+        (re)started worker's model seconds before it can serve it).
 
-        The worker has no port to probe: it counts as up while it runs."""
+        The worker has no port to probe: at start-up (no frontend yet) it counts as up while it
+        runs; restarted under a serving frontend, it is ready by the same rule."""
         if process is not self.process:  # the worker (ready() is called only once it runs)
-            return True
+            return await self._serves_through_frontend()
         if self.worker_process.state is ProcessState.FAILED:
             raise ProcessError(f"the dynamo.{self.worker} worker failed: {self.worker_process.detail}")
-        return self.served in await self.listed_models(endpoint)
+        return await self._serves(endpoint)
+
+    async def _serves_through_frontend(self) -> bool:
+        frontend = self.process
+        if frontend.state is not ProcessState.READY or frontend.endpoint is None:
+            return True  # start-up: the frontend's own readiness waits for the model
+        return await self._serves(frontend.endpoint)
+
+    async def _serves(self, endpoint: Endpoint) -> bool:
+        if self.served not in await self.listed_models(endpoint):
+            return False
+        probe = {"model": self.served, "max_tokens": 1, "messages": [{"role": "user", "content": "ready?"}]}
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                await self.relay.complete(self._upstream_for(endpoint), "/v1/chat/completions", probe,
+                                          RequestContext("readiness-probe", self.served))
+        except (EngineError, ClientRequestError, TimeoutError):
+            return False
+        return True
+
+    async def health(self) -> Health:
+        worker = self.worker_process
+        if worker.state is not ProcessState.READY:
+            return Health(False, f"worker {worker.state.value}" + (f": {worker.detail}" if worker.detail else ""))
+        return await super().health()
+
+    async def _forward(self, path: str, body: dict[str, Any], ctx: RequestContext,
+                       process: ManagedProcess | None = None) -> Completion | AsyncIterator[StreamEvent]:
+        """Requests wait for a restarting worker as they wait for a restarting frontend."""
+        try:
+            await self.worker_process.wait_ready(self.ready_wait)
+        except ProcessError as exc:
+            raise EngineError(str(exc), 503, "engine_unavailable") from exc
+        return await super()._forward(path, body, ctx, process)
 
     def check(self) -> None:
         super().check()

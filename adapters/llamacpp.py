@@ -12,6 +12,7 @@ import asyncio
 import base64
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,10 +33,11 @@ from adapters.base import (
     UnsupportedError,
     Usage,
 )
-from adapters.thread_stream import ThreadStream
 from adapters.config import EngineConfig
 from adapters.counters import StatsCounter
+from adapters.llamacpp_requests import text_messages, translator
 from adapters.spec import EngineSpec, Layout
+from adapters.thread_stream import ThreadStream
 
 log = logging.getLogger("enginegate.llamacpp")
 
@@ -59,19 +61,26 @@ class _TokenCounter:
     the engine-side time to first token, measured from the request's submission (executor wait included).
     """
 
-    def __init__(self, logit_bias: dict[int, float] | None = None) -> None:
+    def __init__(self, logit_bias: dict[int, float] | None = None, end_token: int | None = None) -> None:
         self.prompt_tokens: int | None = None
         self.sampled = 0
         self.submitted_at = time.perf_counter()
         self.first_token_at: float | None = None
         self.bias_ids = np.array(list(logit_bias), dtype=np.intc) if logit_bias else None
         self.bias_values = np.array(list(logit_bias.values()), dtype=np.single) if logit_bias else None
+        # set when nobody waits for the result: end-of-generation becomes the only choice
+        self.cancelled = threading.Event()
+        self.end_token = end_token
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         if self.prompt_tokens is None:
             self.prompt_tokens = len(input_ids)
             self.first_token_at = time.perf_counter()
         self.sampled += 1
+        if self.cancelled.is_set() and self.end_token is not None:
+            ended = np.full_like(scores, -np.inf)
+            ended[self.end_token] = 0.0
+            return ended
         if self.bias_ids is not None:
             scores = scores.copy()
             scores[self.bias_ids] += self.bias_values
@@ -166,6 +175,7 @@ class LlamaCppAdapter(Adapter):
         if self._llm is not None:
             info["trained_context_length"] = self._llm._model.n_ctx_train()
             info["embedding_length"] = self._llm.n_embd()
+            info["vocab_size"] = self._llm.n_vocab()
         return info
 
     # -- request translation ----------------------------------------------------------------
@@ -180,8 +190,9 @@ class LlamaCppAdapter(Adapter):
 
     def _counter(self, body: dict[str, Any]) -> _TokenCounter:
         raw = body.get("logit_bias")
+        end = self._llm.token_eos() if self._llm is not None else None
         if not raw:
-            return _TokenCounter()
+            return _TokenCounter(end_token=end)
         try:
             bias = {int(k): max(-100.0, min(100.0, float(v))) for k, v in raw.items()}
         except (TypeError, ValueError) as exc:
@@ -189,7 +200,7 @@ class LlamaCppAdapter(Adapter):
         n_vocab = self._llm.n_vocab() if self._llm is not None else 0
         if any(not 0 <= k < n_vocab for k in bias):
             raise UnsupportedError(f"logit_bias token ids must be in [0, {n_vocab})", "logit_bias")
-        return _TokenCounter(bias)
+        return _TokenCounter(bias, end_token=end)
 
     @staticmethod
     def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -230,7 +241,7 @@ class LlamaCppAdapter(Adapter):
 
     async def chat(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         kwargs = self._sampling(body)
-        kwargs["messages"] = body["messages"]
+        kwargs["messages"] = text_messages(body["messages"])
         fmt = self._response_format(body)
         if fmt is not None:
             kwargs["response_format"] = fmt
@@ -286,8 +297,8 @@ class LlamaCppAdapter(Adapter):
             if self._embedder is None:
                 self._embedder = await loop.run_in_executor(self._embed_executor, lambda: self._load(embedding=True))
         inputs = body["input"]
-        if isinstance(inputs, list) and inputs and isinstance(inputs[0], int):
-            inputs = [inputs]
+        if isinstance(inputs, list) and inputs and not isinstance(inputs[0], str):
+            raise UnsupportedError("token-id input is not supported by the llamacpp engine's embeddings: send text", "input")
         try:
             result = await loop.run_in_executor(self._embed_executor, lambda: self._embedder.create_embedding(inputs))
         except ValueError as exc:
@@ -307,27 +318,27 @@ class LlamaCppAdapter(Adapter):
     # -- execution -------------------------------------------------------------------------
 
     async def _complete(self, call: Callable[[], dict[str, Any]], counter: _TokenCounter, ctx: RequestContext, prefix: str) -> Completion:
+        """Run `call` in the worker; cancelled (client gone), a queued call never runs, a running one stops."""
         self._require_loaded()
-        loop = asyncio.get_running_loop()
+        stream = ThreadStream()
 
-        def run() -> dict[str, Any]:
-            self._waiting(-1)
+        def work() -> None:
             self._running(+1)
             try:
-                return call()
+                stream.put(call())
             finally:
                 self._running(-1)
                 self._finished(counter)
 
         self._waiting(+1)
+        stream.run(self._executor, work, on_dequeue=lambda: self._waiting(-1))
+        result: dict[str, Any] = {}
         try:
-            result = await loop.run_in_executor(self._executor, run)
-        except (UnsupportedError, EngineError):
-            raise
-        except ValueError as exc:  # llama-cpp-python reports a prompt over the context this way
-            raise UnsupportedError(str(exc), "messages" if prefix == "chatcmpl" else "prompt") from exc
-        except Exception as exc:
-            raise EngineError(f"llama.cpp generation failed: {exc}") from exc
+            async for item in stream.items(translator(prefix)):
+                result = item
+        finally:
+            stream.cancelled.set()
+            counter.cancelled.set()
         raw = result.get("usage") or {}
         usage = Usage(prompt_tokens=raw.get("prompt_tokens", 0), completion_tokens=raw.get("completion_tokens", 0))
         self._account(usage)
@@ -376,13 +387,8 @@ class LlamaCppAdapter(Adapter):
         created = int(time.time())
         finish_reason: str | None = None
 
-        def translate(exc: BaseException) -> Exception:
-            if isinstance(exc, ValueError):
-                return UnsupportedError(str(exc), "messages" if prefix == "chatcmpl" else "prompt")
-            return EngineError(f"llama.cpp generation failed: {exc}")
-
         try:
-            async for item in stream.items(translate):
+            async for item in stream.items(translator(prefix)):
                 item["id"] = stream_id
                 item["model"] = ctx.model
                 choice = item["choices"][0] if item.get("choices") else {}

@@ -120,11 +120,12 @@ class HttpClient(Protocol):
 
 
 class _AiohttpResponse:
-    __slots__ = ("_resp", "status")
+    __slots__ = ("_broken", "_resp", "status")
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self.status = resp.status
+        self._broken: UpstreamConnectionError | None = None
 
     async def read(self) -> bytes:
         try:
@@ -133,16 +134,36 @@ class _AiohttpResponse:
             raise UpstreamConnectionError(str(exc) or type(exc).__name__) from exc
 
     async def read_chunk(self) -> bytes:
+        if self._broken is not None:
+            raise self._broken
         try:
             return await self._resp.content.readany()
         except aiohttp.ClientError as exc:
-            raise UpstreamConnectionError(str(exc) or type(exc).__name__) from exc
+            broken = UpstreamConnectionError(str(exc) or type(exc).__name__)
+            left = _left_over(self._resp.content)
+            if not left:
+                raise broken from exc
+            self._broken = broken  # what the engine sent before it died first, then the break
+            return left
 
     def release(self) -> None:
         self._resp.release()
 
     def abort(self) -> None:
         self._resp.close()
+
+
+def _left_over(content: aiohttp.StreamReader) -> bytes:
+    """Bytes that arrived before the connection broke. aiohttp raises the break before handing
+    them over (readany checks for an exception first), which would lose the last tokens an
+    engine sent before it died."""
+    read = getattr(content, "_read_nowait", None)
+    if read is None or not getattr(content, "_buffer", None):
+        return b""
+    try:
+        return bytes(read(-1))
+    except Exception:  # noqa: BLE001 - aiohttp internals: nothing to recover then
+        return b""
 
 
 class AiohttpClient:

@@ -1,16 +1,19 @@
 """ManagedProcess: one engine server process, supervised as an explicit state machine.
 
     stopped -> starting -> ready -> stopping -> stopped
-                  |          |
-                  v          v (crash: restart with backoff, back to starting)
-                failed  <----+ (start-up failure, or a crash loop)
+                |   ^ |        |
+                |   +-+ <------+ (crash while serving, or a restart that failed before it was
+                v                 ready: restart with backoff, back to starting)
+              failed  (first start-up failure, a crash loop, or the supervisor itself failing)
 
 Every state change goes through `_transition`, which checks it against `_ALLOWED`, so callers
 never race on the state. One supervisor task per `start()` owns the process: it launches,
 waits for readiness, waits for the exit, and restarts after a crash with exponential backoff
-until the crash loop limit. `stop()` cancels the supervisor and stops the whole process group
-(SIGTERM, wait, SIGKILL). On Linux each engine gets PR_SET_PDEATHSIG=SIGKILL, so an engine
-dies with the gateway even when the gateway is killed outright.
+until the crash loop limit; it never ends silently (an unexpected error is logged and ends in
+FAILED). `stop()` cancels the supervisor and stops the whole process group (SIGTERM, wait,
+SIGKILL); a crash ends the rest of the group too (`process_group`). On Linux each engine gets
+PR_SET_PDEATHSIG=SIGKILL, so an engine dies with the gateway even when the gateway is killed
+outright (its own children only if they ask for the same).
 
 Concurrency: all methods run on one event loop; `start()` calls are serialised by one lock and
 `stop()` calls by another, so a stop can interrupt a start that waits for readiness.
@@ -21,7 +24,6 @@ event loop that starts engines must live as long as the gateway (uvicorn's main 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
 import contextlib
 import ctypes
@@ -38,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from adapters import process_group
+
 log = logging.getLogger("enginegate.process")
 
 
@@ -51,7 +55,8 @@ class ProcessState(str, enum.Enum):
 
 _ALLOWED: dict[ProcessState, frozenset[ProcessState]] = {
     ProcessState.STOPPED: frozenset({ProcessState.STARTING}),
-    ProcessState.STARTING: frozenset({ProcessState.READY, ProcessState.FAILED, ProcessState.STOPPING}),
+    # starting -> starting: a restart that failed before it was ready tries again (backoff, crash count)
+    ProcessState.STARTING: frozenset({ProcessState.STARTING, ProcessState.READY, ProcessState.FAILED, ProcessState.STOPPING}),
     ProcessState.READY: frozenset({ProcessState.STARTING, ProcessState.FAILED, ProcessState.STOPPING}),
     ProcessState.STOPPING: frozenset({ProcessState.STOPPED}),
     ProcessState.FAILED: frozenset({ProcessState.STARTING, ProcessState.STOPPING, ProcessState.STOPPED}),
@@ -110,16 +115,6 @@ def _child_setup() -> None:  # runs in the child between fork and exec
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-_live_groups: set[int] = set()
-
-
-@atexit.register
-def _kill_live_groups() -> None:
-    for pgid in list(_live_groups):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
 
 
 class ManagedProcess:
@@ -295,6 +290,23 @@ class ManagedProcess:
             first.set_exception(ProcessError(f"{self.name} was stopped while starting"))
 
     async def _supervise(self, first: asyncio.Future[None]) -> None:
+        """The supervisor task: it never ends silently. Anything unexpected is logged with its
+        traceback, the engine's group is ended and the state becomes FAILED, visible in /ready."""
+        try:
+            await self._supervise_loop(first)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.exception("%s: supervisor failed", self.name)
+            reason = f"supervisor failed: {type(exc).__name__}: {exc}"
+            with contextlib.suppress(Exception):
+                await self._terminate()
+            if self._state in (ProcessState.STARTING, ProcessState.READY):
+                self._transition(ProcessState.FAILED, reason)
+            if not first.done():
+                first.set_exception(ProcessError(f"{self.name} {reason}"))
+
+    async def _supervise_loop(self, first: asyncio.Future[None]) -> None:
         while True:
             try:
                 endpoint = await self._launch_once()
@@ -312,9 +324,9 @@ class ManagedProcess:
             if not first.done():
                 first.set_result(None)
             assert self._proc is not None
-            code = await self._proc.wait()
-            self._forget_group()
+            code = await self._exit_code(self._proc)
             self.last_exit_code = code
+            await self._terminate()  # the engine's workers outlive it unless its group is ended
             if not await self._after_crash(f"exited with code {code} while serving"):
                 return
 
@@ -365,7 +377,7 @@ class ManagedProcess:
         except OSError as exc:
             raise ProcessError(f"{self.name}: cannot launch {spec.argv[0]}: {exc}") from exc
         self._proc, self.pid, self.endpoint = proc, proc.pid, endpoint
-        _live_groups.add(proc.pid)
+        process_group.track(proc.pid)
         assert proc.stdout is not None
         self._pump_task = asyncio.create_task(self._pump(proc.stdout), name=f"log-{self.name}")
         return endpoint
@@ -388,35 +400,40 @@ class ManagedProcess:
                 raise ProcessError(self._failure(f"not ready after {self.startup_timeout:.0f}s"))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
-                    await proc.wait()
+                    await self._exit_code(proc)
             interval = min(interval * 1.5, 1.0)
 
     def _failure(self, reason: str) -> str:
         tail = "\n".join(self.log_tail(20))
         return f"{self.name} {reason}\n--- last log lines ---\n{tail}"
 
-    def _forget_group(self) -> None:
-        if self.pid is not None:
-            _live_groups.discard(self.pid)
-
     async def _terminate(self) -> None:
-        """SIGTERM the process group, wait `stop_timeout`, then SIGKILL it."""
+        """SIGTERM the process group, wait `stop_timeout` for the engine, then SIGKILL what is
+        left of its group (workers included) and wait until none of it is alive."""
         proc = self._proc
         if proc is None:
             return
         pgid = proc.pid  # start_new_session: the engine leads its own group
         if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGTERM)
+            process_group.signal_group(pgid, signal.SIGTERM)
             try:
                 async with asyncio.timeout(self.stop_timeout):
-                    await proc.wait()
+                    await self._exit_code(proc)
             except TimeoutError:
                 self._note(f"[enginegate] no exit {self.stop_timeout:.0f}s after SIGTERM: SIGKILL")
-        # Children the engine left behind (workers) go with the group.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        await proc.wait()
-        self.last_exit_code = proc.returncode
-        self._forget_group()
+                process_group.signal_group(pgid, signal.SIGKILL)
+        self.last_exit_code = await self._exit_code(proc)
+        stubborn = await process_group.end_group(pgid, grace=min(self.stop_timeout, 2.0))
+        if stubborn:
+            self._note(f"[enginegate] killed processes the engine left in its group: {stubborn}")
+        with contextlib.suppress(TimeoutError):  # let asyncio finish the transport (pipes closed)
+            async with asyncio.timeout(5.0):
+                await proc.wait()
         self._proc = None
+
+    async def _exit_code(self, proc: asyncio.subprocess.Process) -> int:
+        """The exit code once the engine has exited. Not `proc.wait()`: asyncio wakes that only
+        once every pipe is closed too, and workers the engine leaves behind hold its stdout."""
+        while proc.returncode is None:
+            await asyncio.sleep(min(self.poll_interval, 0.05))
+        return proc.returncode

@@ -3,57 +3,76 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.base import EngineError
 
 from gateway.api import chat, completions, embeddings, engines, health, messages, models, observe, responses, status
 from gateway.api.errors import install_error_handlers
+from gateway.api.openapi import install_openapi
 from gateway.config import Settings
+from gateway.drain import Drain, DrainMiddleware
 from gateway.metrics import GatewayMetrics, MetricsMiddleware
 from gateway.middleware import APIKeyMiddleware, BodyLimitMiddleware
 from gateway.runtime import Runtime
 
 log = logging.getLogger("enginegate")
-STARTUP_FAILED = 3
+STARTUP_FAILED = 3  # the CLI's exit status when an engine cannot start
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     """`runtime=None` builds one from the settings at start-up (detect, plan, load engines)."""
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        rt = runtime or Runtime.build(settings)
-        app.state.runtime = rt
-        try:
-            try:
-                await rt.start()
-            except EngineError as exc:
-                # A precise message (what is missing, how to install it), not a lifespan traceback;
-                # engines already started are stopped first, so nothing is left behind.
-                await rt.stop()
-                print(f"enginegate: cannot start: {exc.message}", file=sys.stderr, flush=True)
-                os._exit(STARTUP_FAILED)
-            print(rt.summary(settings.host, settings.port), file=sys.stderr, flush=True)
-            yield
-        finally:
-            await rt.stop()
-
-    app = FastAPI(title="enginegate", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="enginegate", version="0.1.0")
+    app.router.lifespan = _lifespan(app, settings, runtime)  # type: ignore[method-assign]
     app.state.metrics = GatewayMetrics()
     app.state.settings = settings
     app.state.response_store = responses.build_store(settings)
+    app.state.drain = Drain(settings.shutdown_grace_seconds, settings.retry_after_seconds)
+    app.state.startup_error = None
     install_error_handlers(app)
+    install_openapi(app)
     for module in (chat, completions, embeddings, responses, messages, models, health, observe, status, engines):
         app.include_router(module.router)
-    # Outermost first at request time: metrics see every request, auth before the body is read.
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    # Outermost first at request time: metrics see every request, the drain refuses new ones,
+    # auth before the body is read.
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, timeout=settings.body_timeout_seconds)
     app.add_middleware(APIKeyMiddleware, keys=settings.api_keys)
-    app.add_middleware(messages.AnthropicDialectMiddleware)  # outside auth: its 401 leaves in Anthropic's shape too
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)
+    app.add_middleware(messages.AnthropicDialectMiddleware)  # outside auth and drain: their errors leave in Anthropic's shape too
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
+
+
+def _lifespan(app: FastAPI, settings: Settings, runtime: Runtime | None) -> ASGIApp:
+    """The ASGI lifespan: start the engines, stop them at shutdown.
+
+    An engine that cannot start fails start-up with its precise message (what is missing, how to
+    install it) as `lifespan.startup.failed`: the server logs that one line and exits (the CLI
+    with status 3); engines already started are stopped first. Nothing exits the process here."""
+
+    async def lifespan(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()  # lifespan.startup
+        rt = runtime or Runtime.build(settings)
+        app.state.runtime = rt
+        try:
+            await rt.start()
+        except EngineError as exc:
+            await rt.stop()
+            app.state.startup_error = exc.message
+            await send({"type": "lifespan.startup.failed", "message": f"enginegate: cannot start: {exc.message}"})
+            return
+        except BaseException:
+            await rt.stop()
+            raise
+        print(rt.summary(settings.host, settings.port), file=sys.stderr, flush=True)
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        try:
+            await rt.stop()
+        finally:
+            await send({"type": "lifespan.shutdown.complete"})
+
+    return lifespan

@@ -72,6 +72,16 @@ class Settings(BaseSettings):
     metrics_api_key: str | None = None
     """When set, /metrics requires `Authorization: Bearer <this key>` (Prometheus: `authorization.credentials`)."""
     retry_after_seconds: int = Field(default=1, ge=1)
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0)
+    """On SIGTERM: new requests get 503, requests in flight get this long to finish, then each
+    remaining stream ends with an error event and the gateway exits."""
+    header_timeout_seconds: float = Field(default=10.0, gt=0)
+    """A connection whose request headers are not complete this long after it opened (or after
+    its previous response) gets 408 and is closed."""
+    body_timeout_seconds: float = Field(default=60.0, gt=0)
+    """The whole request body must arrive within this long after the headers, else 408."""
+    max_connections: int = Field(default=1024, ge=1)
+    """Connections (and requests) served at once; beyond it uvicorn answers 503."""
     response_store: ResponseStoreConfig = ResponseStoreConfig()
     config_file: Path | None = Field(default=None, exclude=True)
 

@@ -200,7 +200,7 @@ class GatewayMetrics:
         )
         self.disconnects = Counter(
             "enginegate_client_disconnects",
-            "Streams the client closed before the end; their generation was cancelled.",
+            "Requests the client abandoned before the end (streams, and requests still queued or generating); their work was cancelled.",
             ["model", "engine"],
             registry=r,
         )

@@ -1,16 +1,17 @@
-"""Plain ASGI middleware: API-key auth and the request body limit."""
+"""Plain ASGI middleware: API-key auth and the request body limit and deadline."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.errors import BodyTooLarge, error_payload
+from gateway.api.errors import BodyTimeout, BodyTooLarge, error_payload
 
 
-async def _send_error(send: Send, status: int, message: str, code: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def send_error(send: Send, status: int, message: str, code: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     body = orjson.dumps(error_payload(status, message, code=code))
     await send(
         {
@@ -30,6 +31,15 @@ def bearer_token(authorization: bytes) -> bytes:
     return authorization[7:].strip() if authorization[:7].lower() == b"bearer " else b""
 
 
+def authorized(scope: Scope, keys: tuple[bytes, ...]) -> bool:
+    """The request carries `Authorization: Bearer <one of keys>` (False when no key is configured)."""
+    token = b""
+    for key, value in scope.get("headers", []):
+        if key == b"authorization":
+            token = bearer_token(value)
+    return bool(token) and any(hmac.compare_digest(token, k) for k in keys)
+
+
 class APIKeyMiddleware:
     """Requires `Authorization: Bearer <key>` on /v1 and /admin routes when keys are configured."""
 
@@ -41,23 +51,21 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or not self.keys or not scope["path"].startswith(PROTECTED_PREFIXES):
             await self.app(scope, receive, send)
             return
-        token = b""
-        for key, value in scope.get("headers", []):
-            if key == b"authorization":
-                token = bearer_token(value)
-        if not any(hmac.compare_digest(token, k) for k in self.keys):
-            await _send_error(send, 401, "Incorrect or missing API key: send Authorization: Bearer <key>", "invalid_api_key",
+        if not authorized(scope, self.keys):
+            await send_error(send, 401, "Incorrect or missing API key: send Authorization: Bearer <key>", "invalid_api_key",
                               [(b"www-authenticate", b"Bearer")])
             return
         await self.app(scope, receive, send)
 
 
 class BodyLimitMiddleware:
-    """Refuses bodies over `limit` bytes with 413, by Content-Length or while reading."""
+    """Refuses bodies over `limit` bytes with 413, by Content-Length or while reading, and bodies
+    not complete `timeout` seconds after the first read with 408 (a slow or stalled client)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, timeout: float | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -65,15 +73,27 @@ class BodyLimitMiddleware:
             return
         for key, value in scope.get("headers", []):
             if key == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await _send_error(send, 413, f"request body exceeds {self.limit} bytes", "request_too_large")
+                await send_error(send, 413, f"request body exceeds {self.limit} bytes", "request_too_large")
                 return
         received = 0
+        complete = False
+        deadline: float | None = None
 
         async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, complete, deadline
+            if complete or self.timeout is None:  # after the body only http.disconnect comes: no deadline
+                message = await receive()
+            else:
+                loop = asyncio.get_running_loop()
+                deadline = deadline if deadline is not None else loop.time() + self.timeout
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        message = await receive()
+                except TimeoutError:
+                    raise BodyTimeout(self.timeout) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                complete = not message.get("more_body", False)
                 if received > self.limit:
                     raise BodyTooLarge(self.limit)
             return message

@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from gateway.api.errors import APIError
 from gateway.api.fanout import n_choices
-from gateway.api.protocol import ChatCompletionRequest, ResponseFormat
+from gateway.api.protocol import ChatCompletionRequest, ResponseFormat, engine_body
 from gateway.api.serving import generate, parse_body, require, resolve_backend
 from gateway.routing import Backend
 
@@ -43,4 +43,4 @@ async def chat_completions(request: Request) -> Response:
     require(backend, body)
     n = parsed.n or 1
     fan_out = n_choices(backend.adapter.chat, n) if n > 1 and not backend.adapter.capabilities.n_choices else None
-    return await generate(request, backend, "chat", body, parsed.include_usage, call=fan_out)
+    return await generate(request, backend, "chat", engine_body(parsed), parsed.include_usage, call=fan_out)

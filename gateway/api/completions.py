@@ -4,8 +4,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.api.fanout import n_choices
-from gateway.api.protocol import CompletionRequest
+from gateway.api.protocol import CompletionRequest, engine_body
 from gateway.api.serving import generate, parse_body, require, resolve_backend
+from gateway.api.validate import check_token_ids
 
 router = APIRouter()
 
@@ -14,7 +15,8 @@ router = APIRouter()
 async def completions(request: Request) -> Response:
     parsed, body = await parse_body(request, CompletionRequest)
     backend = resolve_backend(request, parsed.model, "completions")
+    check_token_ids(parsed.prompt, "prompt", backend.adapter.describe())
     require(backend, body)
     n = parsed.n or 1
     fan_out = n_choices(backend.adapter.completions, n) if n > 1 and not backend.adapter.capabilities.n_choices else None
-    return await generate(request, backend, "completions", body, parsed.include_usage, call=fan_out)
+    return await generate(request, backend, "completions", engine_body(parsed), parsed.include_usage, call=fan_out)

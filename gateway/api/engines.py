@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request
 
 from adapters.server import ServerAdapter
 from gateway.api.errors import APIError
-from gateway.api.serving import runtime
+from gateway.api.serving import model_not_found, runtime
 
 router = APIRouter()
 MAX_LINES = 5000
@@ -27,7 +27,7 @@ async def engines(request: Request) -> dict[str, Any]:
 async def engine_logs(request: Request, model: str, lines: int = Query(200, ge=1, le=MAX_LINES)) -> dict[str, Any]:
     backend = runtime(request).models.get(model)
     if backend is None:
-        raise APIError(404, f"The model `{model}` does not exist", param="model", code="model_not_found")
+        raise model_not_found(request, model)
     if not isinstance(backend.adapter, ServerAdapter):
         raise APIError(400, f"engine {backend.engine} runs in-process and keeps no engine log", code="no_engine_log")
     return {"model": backend.model_id, "engine": backend.engine, "lines": backend.adapter.logs(lines),

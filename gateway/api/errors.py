@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from adapters.base import ClientRequestError, EngineError, UnsupportedError
 from adapters.upstream_errors import error_type
 
+log = logging.getLogger("enginegate.api")
+CLIENT_CLOSED = 499  # nginx's status for a request its client abandoned; never seen by that client
 
 
 class APIError(Exception):
@@ -37,6 +41,11 @@ class BodyTooLarge(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"request body exceeds {limit} bytes")
         self.limit = limit
+
+
+class BodyTimeout(Exception):
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"request body not received within {timeout:.0f}s")
 
 
 def error_payload(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -106,6 +115,15 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, BodyTooLarge)
         return error_response(413, str(exc), code="request_too_large")
 
+    async def on_body_timeout(_: Request, exc: Exception) -> Response:
+        return error_response(408, str(exc), code="request_timeout", headers={"Connection": "close"})
+
+    async def on_client_disconnect(request: Request, _: Exception) -> Response:
+        # The client left while sending its body (an aborted upload, a broken chunked body): its
+        # doing, not the gateway's. One line, counted as 499, never a 500 or a traceback.
+        log.info("client disconnected while sending the request body (%s %s)", request.method, request.url.path)
+        return Response(status_code=CLIENT_CLOSED)
+
     async def on_unexpected(_: Request, exc: Exception) -> Response:
         return error_response(500, f"internal error: {type(exc).__name__}", code="internal_error")
 
@@ -116,4 +134,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ClientRequestError, on_client_error)
     app.add_exception_handler(EngineError, on_engine_error)
     app.add_exception_handler(BodyTooLarge, on_too_large)
+    app.add_exception_handler(BodyTimeout, on_body_timeout)
+    app.add_exception_handler(ClientDisconnect, on_client_disconnect)
     app.add_exception_handler(Exception, on_unexpected)

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.api.serving import runtime
+from gateway.middleware import authorized
+
+# Process ids, ports and URLs of engines: for operators (an API key, or /admin/engines), not for anyone who can reach /ready.
+_INTERNAL = re.compile(r"\b(pid|port)\s+\d+|https?://\S+")
 
 router = APIRouter()
 
@@ -18,10 +23,15 @@ async def health() -> dict[str, str]:
 @router.get("/ready")
 async def ready(request: Request) -> Response:
     rt = runtime(request)
+    settings = request.app.state.settings
+    operator = authorized(request.scope, tuple(k.encode() for k in settings.api_keys))
     models: dict[str, Any] = {}
     for backend in rt.models:
         h = await backend.adapter.health()
-        models[backend.model_id] = {"engine": backend.engine, "ready": h.ready, "detail": h.detail}
+        detail = h.detail if operator else _INTERNAL.sub(lambda m: f"{m.group(1)} *" if m.group(1) else "*", h.detail)
+        models[backend.model_id] = {"engine": backend.engine, "ready": h.ready, "detail": detail}
+    if request.app.state.drain.draining:
+        return JSONResponse({"status": "draining", "models": models}, status_code=503)
     all_ready = rt.started and bool(models) and all(m["ready"] for m in models.values())
     return JSONResponse({"status": "ready" if all_ready else "not_ready", "models": models}, status_code=200 if all_ready else 503)
 

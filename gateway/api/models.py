@@ -4,8 +4,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from gateway.api.errors import APIError
-from gateway.api.serving import runtime
+from gateway.api.serving import model_not_found, runtime
 from gateway.routing import Backend
 
 router = APIRouter()
@@ -32,5 +31,5 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def get_model(request: Request, model_id: str) -> dict[str, Any]:
     backend = runtime(request).models.get(model_id)
     if backend is None:
-        raise APIError(404, f"The model `{model_id}` does not exist", param="model", code="model_not_found")
+        raise model_not_found(request, model_id)
     return model_card(backend)

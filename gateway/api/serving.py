@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,7 +24,9 @@ from adapters.base import (
     StreamEvent,
     UnsupportedError,
 )
-from gateway.api.errors import APIError, error_payload
+from gateway.api.disconnect import ClientGone, unless_disconnected
+from gateway.api.errors import CLIENT_CLOSED, APIError, error_payload, error_response
+from gateway.drain import SHUTTING_DOWN, Drain
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.routing import Backend, QueueFull
 from gateway.runtime import Runtime
@@ -42,6 +45,7 @@ OPERATIONS: dict[Operation, Callable[[Adapter, dict[str, Any], RequestContext], 
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
+SHUTDOWN_MESSAGE = "the gateway is shutting down: the drain grace period ended before this request finished"
 
 
 class StreamWriter(Protocol):
@@ -100,9 +104,22 @@ async def parse_body(request: Request, model: type[M]) -> tuple[M, dict[str, Any
         parsed = model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
+        param = _param(first["loc"])
         raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from exc
     return parsed, body
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    """The field path of a validation error, without pydantic's union-member tags (`str`, `list[str]`)."""
+    path: list[str] = []
+    for part in loc:
+        if isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or "-" in part):
+            break
+        path.append(str(part))
+    return ".".join(path) or None
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "bytes", "none"})
 
 
 def runtime(request: Request) -> Runtime:
@@ -113,10 +130,23 @@ def metrics(request: Request) -> GatewayMetrics:
     return request.app.state.metrics  # type: ignore[no-any-return]
 
 
+MAX_ECHOED_NAME = 64
+MAX_LISTED_MODELS = 20
+
+
+def model_not_found(request: Request, name: str) -> APIError:
+    """404 naming (at most 64 characters of) the unknown model and the models served here."""
+    shown = name if len(name) <= MAX_ECHOED_NAME else name[:MAX_ECHOED_NAME] + "..."
+    served = [b.model_id for b in runtime(request).models]
+    listed = ", ".join(served[:MAX_LISTED_MODELS]) + (", ..." if len(served) > MAX_LISTED_MODELS else "")
+    return APIError(404, f"The model `{shown}` does not exist; served here: {listed or 'none'}",
+                    param="model", code="model_not_found")
+
+
 def resolve_backend(request: Request, model: str, operation: Operation) -> Backend:
     backend = runtime(request).models.get(model)
     if backend is None:
-        raise APIError(404, f"The model `{model}` does not exist", param="model", code="model_not_found")
+        raise model_not_found(request, model)
     set_model_label(request.scope, backend.model_id)
     if not backend.adapter.capabilities.supports(operation):
         raise APIError(
@@ -163,15 +193,24 @@ async def generate(
     arrived = time.perf_counter()
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
-    await admit(request, backend)
-    timing = request_timing(request.scope)
+    drain = request.app.state.drain
+    run = call or (lambda b, c: OPERATIONS[operation](backend.adapter, b, c))
+    work = _admitted_call(request, backend, run, body, ctx)
     try:
-        with timing.upstream_span():
-            result = await (call(body, ctx) if call is not None else OPERATIONS[operation](backend.adapter, body, ctx))
-    except BaseException as exc:
-        backend.admission.release()
-        _count_error(m, backend, exc)
-        raise
+        with drain.guard():
+            try:
+                result = await unless_disconnected(request.receive, work, lambda r: _discard(r, backend))
+            except asyncio.CancelledError:
+                if not drain.ending():
+                    raise
+                m.errors.labels(backend.model_id, "cancelled").inc()
+                return error_response(503, SHUTDOWN_MESSAGE, code=SHUTTING_DOWN,
+                                      headers={"Retry-After": str(drain.retry_after)})
+    except ClientGone:
+        m.disconnects.labels(backend.model_id, backend.engine).inc()
+        m.errors.labels(backend.model_id, "cancelled").inc()
+        log.info("client disconnected before the response to %s; its work was cancelled", backend.model_id)
+        return Response(status_code=CLIENT_CLOSED)
     if isinstance(result, Completion):
         backend.admission.release()
         if result.usage is not None:
@@ -180,10 +219,42 @@ async def generate(
             m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
         return await dialect.complete(result)
     return StreamingResponse(
-        _sse(TimedStream(result, timing), backend, m, arrived, dialect.writer()),
+        _sse(TimedStream(result, request_timing(request.scope)), backend, m, arrived, dialect.writer(), drain),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
+
+
+async def _admitted_call(
+    request: Request,
+    backend: Backend,
+    operation: Callable[[dict[str, Any], RequestContext], Awaitable[ChatResult]],
+    body: dict[str, Any],
+    ctx: RequestContext,
+) -> ChatResult:
+    """Wait for a slot, then run the operation; the slot is the caller's to release on success."""
+    await admit(request, backend)
+    try:
+        with request_timing(request.scope).upstream_span():
+            return await operation(body, ctx)
+    except BaseException as exc:
+        backend.admission.release()
+        if isinstance(exc, Exception):
+            _count_error(metrics(request), backend, exc)
+        raise
+
+
+def _discard(result: ChatResult, backend: Backend) -> None:
+    """A result nobody will read: free its slot, and close a stream so its generation stops."""
+    backend.admission.release()
+    close = getattr(result, "aclose", None)
+    if close is not None:
+        task = asyncio.ensure_future(close())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+
+_closing: set[asyncio.Future[Any]] = set()
 
 
 async def _sse(
@@ -192,11 +263,14 @@ async def _sse(
     m: GatewayMetrics,
     arrived: float,
     writer: StreamWriter = CHAT_WRITER,
+    drain: Drain | None = None,
 ) -> AsyncIterator[bytes]:
     first_at: float | None = None
     last_at = arrived
     usage = None
     ended = False
+    drain = drain or Drain(grace=0.0)
+    guarded = drain.register()  # the drain may end this stream: an error event, then the end
     try:
         try:
             async for event in events:
@@ -218,6 +292,13 @@ async def _sse(
                 if event.is_error:
                     ended = True
                     return
+        except asyncio.CancelledError:
+            if not drain.ending():
+                raise
+            m.errors.labels(backend.model_id, "cancelled").inc()
+            ended = True
+            yield writer.error(503, SHUTDOWN_MESSAGE)
+            return
         except (EngineError, UnsupportedError, ClientRequestError) as exc:
             _count_error(m, backend, exc)
             ended = True
@@ -234,6 +315,7 @@ async def _sse(
         m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
         yield await writer.end()
     finally:
+        drain.unregister(guarded)
         await events.aclose()  # type: ignore[attr-defined]
         backend.admission.release()
         if not ended:

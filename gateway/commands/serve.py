@@ -18,12 +18,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from gateway.app import create_app
+    from gateway.app import STARTUP_FAILED, create_app
     from gateway.config import load_settings
     from gateway.modelsource import ModelSourceError
     from gateway.runtime import PlanningError, Runtime
+    from gateway.server import build_server
 
     try:
         settings = load_settings(args.config, model=args.model, host=args.host, port=args.port, log_level=args.log_level)
@@ -37,5 +36,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"enginegate: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
     app = create_app(settings, runtime)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=5)
+    server = build_server(app, settings)
+    server.run()
+    if app.state.startup_error is not None or not server.started:
+        return STARTUP_FAILED  # the reason is already logged (lifespan.startup.failed)
     return 0

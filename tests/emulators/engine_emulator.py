@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import os
 import random
+import subprocess
 import sys
 import time
 import uuid
@@ -57,6 +58,9 @@ class Config:
     no_usage: bool
     close_after_stream: bool
     models_503_while_loading: bool
+    spawn_child: bool = False
+    worker_registration: str | None = None
+    worker_warmup: float = 0.0
 
 
 class BadRequest(Exception):
@@ -223,8 +227,22 @@ class Emulator:
         return self.style.accepts_x_api_key and request.headers.get("x-api-key") == expected
 
     # --- plain routes -------------------------------------------------------------------
+    def worker(self) -> str:
+        """Dynamo frontend with a registration file: 'absent' (no live worker), 'warming' or 'up'."""
+        path = self.cfg.worker_registration
+        if path is None:
+            return "up"
+        try:
+            pid = int(open(path).read().split()[1])
+            age = time.time() - os.stat(path).st_mtime
+            os.kill(pid, 0)
+        except (OSError, IndexError, ValueError):
+            return "absent"
+        return "warming" if age < self.cfg.worker_warmup else "up"
+
     async def models(self, request: web.Request) -> web.Response:
-        entries = [] if not self.ready.is_set() and self.style.loading == "models_empty" else [
+        absent = self.worker() == "absent"
+        entries = [] if absent or (not self.ready.is_set() and self.style.loading == "models_empty") else [
             self.style.model_entry(self.cfg.model, self.created, self.cfg.max_model_len)
         ]
         return web.json_response(self.style.models_list(entries), dumps=lambda o: orjson.dumps(o).decode())
@@ -315,6 +333,8 @@ class Emulator:
             return body, self.error(404, f"The model `{model}` does not exist.", "model")
         if not self.ready.is_set():  # SGLang warmup and MLX loading: requests wait
             await self.ready.wait()
+        if self.worker() != "up":  # the Dynamo frontend without a serving worker
+            return body, self.error(503, "Service temporarily unavailable")
         return body, None
 
     async def embeddings(self, request: web.Request) -> web.Response:
@@ -522,6 +542,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--no-usage", action="store_true", help="never send usage (as some proxies and old servers)")
     p.add_argument("--models-503-while-loading", action="store_true",
                    help="llamacpp: /v1/models answers 503 while loading too (seen on llama-server b1-0c1e570)")
+    p.add_argument("--worker-registration", default=None,
+                   help="dynamo: a file 'model\\npid' a worker writes; no live worker: 503 and no model listed")
+    p.add_argument("--worker-warmup", type=float, default=0.0,
+                   help="dynamo: seconds after a worker registered during which requests still get 503")
+    p.add_argument("--spawn-child", action="store_true",
+                   help="start a worker process that ignores SIGTERM and outlives this one (as vLLM's EngineCore)")
     p.add_argument("--close-after-stream", action="store_true",
                    help="close the connection after each stream without saying so (as llama-server was seen to)")
     a = p.parse_args(argv)
@@ -539,16 +565,25 @@ def parse_args(argv: list[str] | None = None) -> Config:
                   a.ttft_ms / 1000.0, a.itl_ms / 1000.0, a.crash_after_tokens, a.stall_after_tokens,
                   a.malformed_after_tokens, a.error_after_tokens, a.error_rate, a.seed, a.fail_status,
                   a.parallel, a.metrics, a.embedding_dim, a.no_usage,
-                  a.close_after_stream, a.models_503_while_loading)
+                  a.close_after_stream, a.models_503_while_loading, a.spawn_child,
+                  a.worker_registration, a.worker_warmup)
 
 
 def announce(message: str) -> None:
     print(message, flush=True)
 
 
+# A worker in the engine's process group that ignores SIGTERM and lives on after the engine dies.
+CHILD = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)\n"
+
+
 async def serve(cfg: Config) -> None:
     emulator = Emulator(cfg)
-    runner = web.AppRunner(emulator.app(), access_log=None, handle_signals=False)
+    if cfg.spawn_child:
+        child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.DEVNULL)
+        announce(f"emulator child pid {child.pid}")
+    # handler_cancellation: like real engines, a request whose client left stops generating
+    runner = web.AppRunner(emulator.app(), access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     if emulator.style.loading == "closed":
         await asyncio.sleep(cfg.startup_delay)

@@ -116,7 +116,7 @@ def parse_dynamo_frontend(argv: list[str]) -> dict[str, str | None]:
     while not registered.exists():  # the worker registers through the shared discovery directory
         time.sleep(0.05)
     return {"style": "dynamo", "host": a.http_host, "port": str(a.http_port), "key": None,
-            "model": registered.read_text()}
+            "model": registered.read_text().split("\n")[0], "extra": f"--worker-registration {registered}"}
 
 
 def run_dynamo_worker(argv: list[str]) -> None:
@@ -132,7 +132,7 @@ def run_dynamo_worker(argv: list[str]) -> None:
     a = p.parse_args(argv)
     target = Path(os.environ["DYN_FILE_KV"]) / "fake-worker-model"
     tmp = target.with_suffix(".tmp")
-    tmp.write_text(a.served_model_name)
+    tmp.write_text(f"{a.served_model_name}\n{os.getpid()}")
     tmp.rename(target)
     print(f"fake dynamo.vllm worker serving {a.served_model_name}", flush=True)
     signal.pause()
@@ -161,7 +161,7 @@ def main() -> None:
            "--host", str(spec["host"]), "--port", str(spec["port"]), "--model", str(spec["model"]), "--metrics"]
     if spec["key"]:
         cmd += ["--api-key", str(spec["key"])]
-    cmd += shlex.split(os.environ.get("FAKE_ENGINE_ARGS", ""))
+    cmd += shlex.split(str(spec.get("extra") or "")) + shlex.split(os.environ.get("FAKE_ENGINE_ARGS", ""))
     sys.stdout.flush()
     os.execv(sys.executable, cmd)
 

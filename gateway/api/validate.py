@@ -1,0 +1,37 @@
+"""Checks of a request against the model that will serve it, before the engine sees it.
+
+The request models (protocol.py) check what holds for every model; this checks what depends on
+the model: token ids inside its vocabulary and token-id prompts that fit its context. The facts
+come from the adapter's `describe()` (`vocab_size`, `context_length`); a fact an engine does not
+report is not checked here (that engine checks it and answers 4xx, which is relayed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from gateway.api.errors import APIError
+
+
+def _token_lists(value: Any) -> Iterator[list[int]]:
+    if isinstance(value, list) and value:
+        if isinstance(value[0], int):
+            yield value
+        elif isinstance(value[0], list):
+            yield from value
+
+
+def check_token_ids(value: Any, param: str, facts: Mapping[str, Any]) -> None:
+    """400 (with `param`) for a token id outside the vocabulary or a token list over the context."""
+    vocab = facts.get("vocab_size")
+    context = facts.get("context_length")
+    for ids in _token_lists(value):
+        if isinstance(vocab, int) and vocab > 0:
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise APIError(400, f"{param}: token id {bad} is outside the model's vocabulary [0, {vocab})",
+                               param=param, code="invalid_token_id")
+        if isinstance(context, int) and context > 0 and len(ids) >= context:
+            raise APIError(400, f"{param}: {len(ids)} tokens do not fit the model's context of {context} tokens",
+                           param=param, code="context_length_exceeded")
