@@ -49,5 +49,7 @@ def test_frontend_with_mocker_through_enginegate_serve(tmp_path: Path) -> None:
         labels = f'{{engine="dynamo",model="{SERVED}"}}'
         generated = [float(r.split()[-1]) for r in metrics.splitlines() if r.startswith("enginegate_engine_generation_tokens" + labels)]
         prompt = [float(r.split()[-1]) for r in metrics.splitlines() if r.startswith("enginegate_engine_prompt_tokens" + labels)]
-        assert generated == [13.0]
+        # 6 + 4 + 3 from the client, plus the one token of the start-up readiness probe (ready means a
+        # 1-token request answered; probes that fail while the worker registers generate nothing).
+        assert generated == [14.0]
         assert prompt and prompt[0] >= 2
