@@ -24,6 +24,7 @@ import orjson
 from adapters.base import (
     Adapter,
     Capabilities,
+    ClientRequestError,
     Completion,
     EngineError,
     EngineStats,
@@ -300,7 +301,9 @@ class LlamaCppAdapter(Adapter):
         if isinstance(inputs, list) and inputs and not isinstance(inputs[0], str):
             raise UnsupportedError("token-id input is not supported by the llamacpp engine's embeddings: send text", "input")
         try:
-            result = await loop.run_in_executor(self._embed_executor, lambda: self._embedder.create_embedding(inputs))
+            result = await loop.run_in_executor(self._embed_executor, lambda: self._embed(inputs))
+        except ClientRequestError:
+            raise
         except ValueError as exc:
             raise UnsupportedError(str(exc), "input") from exc
         except Exception as exc:
@@ -314,6 +317,16 @@ class LlamaCppAdapter(Adapter):
         self._account(usage)
         result["usage"] = {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens}
         return Completion(body=result, usage=usage)
+
+    def _embed(self, inputs: str | list[str]) -> dict[str, Any]:
+        """A text the tokenizer turns into no token at all (control characters alone, for SmolLM2)
+        would make llama_decode fail: it is the client's input, so it is refused as such."""
+        texts = [inputs] if isinstance(inputs, str) else inputs
+        for i, text in enumerate(texts):
+            if not self._embedder.tokenize(text.encode("utf-8", "ignore"), add_bos=False, special=False):
+                where = "input" if isinstance(inputs, str) else f"input[{i}]"
+                raise ClientRequestError(f"{where} has no token for this model's tokenizer", param="input")
+        return self._embedder.create_embedding(inputs)
 
     # -- execution -------------------------------------------------------------------------
 

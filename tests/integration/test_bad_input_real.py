@@ -33,6 +33,8 @@ CASES = [
     ("/v1/embeddings", {"model": MODEL, "input": [1, 2, 3]}, "input"),
     ("/v1/embeddings", {"model": MODEL, "input": [[1, 2, 3]]}, "input"),
     ("/v1/embeddings", {"model": MODEL, "input": [1.0, 2.0]}, "input"),
+    ("/v1/embeddings", {"model": MODEL, "input": ["x", "\x16"]}, "input"),  # no token at all (found by the fuzzer)
+    ("/v1/embeddings", {"model": MODEL, "input": "\x16"}, "input"),
 ]
 
 
