@@ -43,10 +43,12 @@ class Target:
             base += "/v1"
         return base + ("/chat/completions" if self.endpoint == "chat" else "/completions")
 
-    def headers(self) -> dict[str, str]:
+    def headers(self, request: BenchRequest | None = None) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        if request is not None:
+            headers.update(request.headers)
         return headers
 
     def body(self, request: BenchRequest) -> dict[str, Any]:
@@ -75,6 +77,8 @@ class RequestResult:
     max_tokens: int = 0
     streamed: bool = True
     retried: bool = False  # sent twice: the first try met a connection the server had closed
+    turn: int | None = None  # a multi-turn session's turn (1-based); None outside sessions
+    text: str | None = None  # the generated text, kept only when the request asked (`keep_text`)
 
     @property
     def ok(self) -> bool:
@@ -182,6 +186,8 @@ async def _read_stream(response: aiohttp.ClientResponse, result: RequestResult, 
     if not (done or finished):
         result.error, result.detail = "incomplete_stream", "the stream ended without a finish_reason or [DONE]"
         return
+    if request.keep_text:
+        result.text = "".join(output)
     _fallback_counts(result, request, "".join(output), events, counter)
 
 
@@ -200,6 +206,8 @@ async def _read_whole(response: aiohttp.ClientResponse, result: RequestResult, r
     result.content_times.append(result.ttft)
     _apply_usage(result, obj.get("usage"))
     text, _ = _content_of(obj)
+    if request.keep_text:
+        result.text = text
     _fallback_counts(result, request, text, 1, counter)
 
 
@@ -215,10 +223,10 @@ async def send(session: aiohttp.ClientSession, target: Target, request: BenchReq
     timeout = aiohttp.ClientTimeout(total=target.timeout_s, sock_read=target.read_timeout_s)
     for attempt in (0, 1):
         result = RequestResult(start=time.perf_counter(), max_tokens=request.max_tokens, streamed=target.stream,
-                               retried=attempt > 0)
+                               retried=attempt > 0, turn=request.turn)
         responded = False
         try:
-            async with session.post(target.url, data=body, headers=target.headers(), timeout=timeout) as response:
+            async with session.post(target.url, data=body, headers=target.headers(request), timeout=timeout) as response:
                 responded = True
                 if response.status >= 400:
                     text = await response.text(errors="replace")

@@ -66,11 +66,12 @@ def render(result: BenchResult) -> str:
     lines = ["## enginegate bench", ""]
     for t in plan.targets:
         lines.append(f"- **{t.name}**: {t.url} (model `{t.model}`, {'streamed' if t.stream else 'not streamed'})")
-    budget = (f"{plan.duration_s:g} s per level" if plan.duration_s is not None
+    budget = (f"every session's turns per level (c = sessions in flight)" if plan.sessions is not None
+              else f"{plan.duration_s:g} s per level" if plan.duration_s is not None
               else f"{plan.requests} requests per level" if plan.requests is not None
               else "max(16, 4 x concurrency) or max(16, 10 s x rate) requests per level")
     lines += [
-        f"- workload: {plan.source.describe()}; {budget}; {plan.warmup} warm-up requests per endpoint, not counted;"
+        f"- workload: {workload(result)}; {budget}; {plan.warmup} warm-up requests per endpoint, not counted;"
         f" seed {plan.seed} (every level and endpoint gets its own prompts)",
         f"- output length held: {_length_held(result)}",
         f"- token counts: {_token_source(result)}",
@@ -101,12 +102,36 @@ def render(result: BenchResult) -> str:
     if errors:
         lines += ["", "### First error of each kind", "",
                   table(head + ["error", "example"], [[*r[:-1], r[-1].replace("|", "\\|")[:120]] for r in errors])]
+    if plan.sessions is not None:
+        lines += ["", turn_table(result)]
     if multi:
         lines += ["", compare_table(result)]
     notes = sorted({n for levels in result.levels.values() for s in levels for n in s.notes})
     if notes or result.warnings:
         lines += ["", "### Notes", ""] + [f"- {n}" for n in notes] + [f"- warning: {w}" for w in result.warnings]
     return "\n".join(lines) + "\n"
+
+
+def workload(result: BenchResult) -> str:
+    plan = result.plan
+    return plan.sessions.describe() if plan.sessions is not None else plan.source.describe()
+
+
+def turn_table(result: BenchResult) -> str:
+    """TTFT turn by turn: with a prefix cache, later turns (longer conversations) answer as fast as the
+    first only where the conversation so far is still cached."""
+    multi = len(result.plan.targets) > 1
+    head = (["endpoint"] if multi else []) + ["level", "turn", "ok/sent", "prompt tokens (mean)", "TTFT p50",
+                                              "TTFT p99"]
+    rows = []
+    for i in range(len(result.plan.levels)):
+        for t in result.plan.targets:
+            s = result.levels[t.name][i]
+            for turn in s.turns:
+                rows.append(([t.name] if multi else []) + [
+                    s.label, str(turn.turn), f"{turn.ok}/{turn.sent}", _num(turn.prompt_tokens_mean, 0),
+                    _ms(turn.ttft.p50), _ms(turn.ttft.p99)])
+    return "### Per turn (TTFT in ms)\n\n" + table(head, rows)
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -135,7 +160,8 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         "units": {"latency": "seconds", "rates": "per second"},
         "targets": [dataclasses.asdict(t) | {"url": t.url, "api_key": bool(t.api_key)} for t in plan.targets],
         "levels": [dataclasses.asdict(level) | {"label": level.label} for level in plan.levels],
-        "workload": plan.source.describe(),
+        "workload": workload(result),
+        "sessions": None if plan.sessions is None else dataclasses.asdict(plan.sessions),
         "requests_per_level": plan.requests,
         "duration_s_per_level": plan.duration_s,
         "warmup": plan.warmup,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -10,8 +11,9 @@ from typing import Protocol
 
 from gateway.bench.ceiling import Ceiling, bound_warnings, measure_ceiling
 from gateway.bench.client import Counter, RequestResult, Target, make_session
-from gateway.bench.load import Budget, Level, run_level
-from gateway.bench.stats import SLO, LevelStats, summarize
+from gateway.bench.load import Budget, Level, LevelRun, run_level
+from gateway.bench.sessions import SessionRun, SessionSource, SessionSpec, run_sessions
+from gateway.bench.stats import SLO, LevelStats, per_turn, summarize
 from gateway.bench.workload import PromptSource
 
 
@@ -40,8 +42,11 @@ class BenchPlan:
     seed: int = 0
     max_concurrency: int | None = None  # rate mode: cap on requests in flight
     ceiling: bool = True
+    sessions: SessionSpec | None = None  # multi-turn sessions instead of independent requests
 
     def budget(self, level: Level) -> Budget:
+        if self.sessions is not None:
+            return Budget(requests=self.sessions.requests)
         if self.duration_s is not None:
             return Budget(duration_s=self.duration_s)
         if self.requests is not None:
@@ -87,10 +92,20 @@ async def _warm_up(plan: BenchPlan, target: Target, counter: Counter | None) -> 
         raise BenchError(f"{target.name} ({target.url}): every warm-up request failed: {first.error}: {first.detail}")
 
 
+def _with_turns(stats: LevelStats, run: SessionRun) -> LevelStats:
+    notes = list(stats.notes)
+    if run.ended_early:
+        notes.append(f"{stats.label}: {run.ended_early} sessions ended at a failed turn; their {run.unsent} later "
+                     "turns were not sent")
+    return dataclasses.replace(stats, turns=per_turn(run.results), notes=notes)
+
+
 async def run_bench(plan: BenchPlan, counter: Counter | None = None,
                     progress: ProgressFactory | None = None) -> BenchResult:
     if not plan.targets or not plan.levels:
         raise ValueError("a bench plan needs at least one target and one level")
+    if plan.sessions is not None and any(level.kind != "concurrency" for level in plan.levels):
+        raise ValueError("multi-turn sessions run closed-loop: give concurrency levels (sessions in flight), not rates")
     names = [t.name for t in plan.targets]
     if len(set(names)) != len(names):
         raise ValueError(f"target names must differ: {names}")
@@ -124,11 +139,18 @@ async def run_bench(plan: BenchPlan, counter: Counter | None = None,
                         bar.set_postfix_str(f"errors={failures}")
 
             async with make_session(_connections(plan)) as session:
-                run = await run_level(session, target, plan.source, level, budget, seed=seed,
-                                      counter=counter, on_done=done, max_concurrency=plan.max_concurrency)
+                run: LevelRun
+                if plan.sessions is not None:
+                    run = await run_sessions(session, target, SessionSource(plan.sessions), level, seed,
+                                             counter=counter, on_done=done)
+                else:
+                    run = await run_level(session, target, plan.source, level, budget, seed=seed,
+                                          counter=counter, on_done=done, max_concurrency=plan.max_concurrency)
             if bar is not None:
                 bar.close()
             stats = summarize(level.label, run.results, run.duration_s, plan.slo, run.client_cpu_s)
+            if isinstance(run, SessionRun):
+                stats = _with_turns(stats, run)
             result.levels[target.name].append(stats)
             result.warnings.extend(f"{target.name} {w}" for w in bound_warnings(stats, ceiling))
     result.wall_s = time.perf_counter() - t0

@@ -60,6 +60,17 @@ class SLO:
 
 
 @dataclass(frozen=True)
+class TurnStats:
+    """One turn of every session at a level: later turns carry longer conversations."""
+
+    turn: int
+    sent: int
+    ok: int
+    prompt_tokens_mean: float | None  # from usage; None when no answer reported it
+    ttft: Dist
+
+
+@dataclass(frozen=True)
 class LevelStats:
     label: str
     sent: int
@@ -84,6 +95,19 @@ class LevelStats:
     content_event_rate: float
     retried: int = 0
     notes: list[str] = field(default_factory=list)
+    turns: list[TurnStats] = field(default_factory=list)  # multi-turn sessions only: one entry per turn
+
+
+def per_turn(results: Sequence[RequestResult]) -> list[TurnStats]:
+    turns = sorted({r.turn for r in results if r.turn is not None})
+    out = []
+    for turn in turns:
+        sent = [r for r in results if r.turn == turn]
+        ok = [r for r in sent if r.ok]
+        prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+        out.append(TurnStats(turn, len(sent), len(ok), sum(prompts) / len(prompts) if prompts else None,
+                             distribution([r.ttft for r in ok if r.ttft is not None])))
+    return out
 
 
 def _length_held(ok: list[RequestResult]) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,11 +78,17 @@ def parse_length(text: str) -> Length:
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """One request's body minus model/stream fields, and the output length it asks for."""
+    """One request's body minus model/stream fields, and the output length it asks for.
+
+    `headers` are sent on top of the target's; `keep_text` keeps the generated text on the result
+    (a multi-turn session carries it into its next turn); `turn` is the session turn, 1-based."""
 
     body: dict[str, Any]
     max_tokens: int
     prompt_text: str
+    headers: dict[str, str] = field(default_factory=dict)
+    keep_text: bool = False
+    turn: int | None = None
 
 
 def synthetic_prompt(rng: random.Random, n_words: int) -> str:

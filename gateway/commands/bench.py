@@ -15,6 +15,7 @@ import orjson
 from gateway.bench.client import Target
 from gateway.bench.load import Level
 from gateway.bench.runner import BenchError, BenchPlan, Progress, run_bench
+from gateway.bench.sessions import SESSION_HEADER, SessionSpec
 from gateway.bench.stats import SLO
 from gateway.bench.workload import PromptSource, load_jsonl, parse_length
 
@@ -51,6 +52,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                       help="do not send min_tokens/ignore_eos (for endpoints that reject them)")
     work.add_argument("--no-stream", dest="stream", action="store_false", help="non-streaming requests")
     work.add_argument("--tokenizer", help="GGUF or tokenizer.json to count tokens when the endpoint sends no usage")
+    conv = p.add_argument_group("multi-turn sessions (measure prefix-cache affinity)")
+    conv.add_argument("--sessions", type=int, help="run N conversations instead of independent requests; "
+                      "--concurrency is then the number of sessions in flight (default: all N)")
+    conv.add_argument("--turns", type=int, default=4, help="turns per session (default 4)")
+    conv.add_argument("--shared-prefix-tokens", type=int, default=1000,
+                      help="each session's own system prompt, in tokens, shared by its turns (default 1000)")
+    conv.add_argument("--session-header", default=SESSION_HEADER,
+                      help=f"header carrying the session id (default {SESSION_HEADER}; '' sends none)")
+    conv.add_argument("--no-session-user", dest="session_user", action="store_false",
+                      help="do not send the session id as the request's `user` field")
     slo = p.add_argument_group("goodput SLOs")
     slo.add_argument("--slo-ttft-ms", type=float)
     slo.add_argument("--slo-tpot-ms", type=float)
@@ -103,6 +114,9 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
         raise ValueError("--warmup must be >= 0")
     source = PromptSource(args.endpoint, parse_length(args.input_tokens), parse_length(args.output_tokens),
                           load_jsonl(args.prompts) if args.prompts else None)
+    sessions = _sessions(args, source) if args.sessions is not None else None
+    if sessions is not None and not args.concurrency:
+        levels = [Level("concurrency", sessions.sessions)]
     model = args.model or _first_model(args.base_url, args.api_key)
     common = {"endpoint": args.endpoint, "stream": args.stream, "hold_length": args.hold_length,
               "timeout_s": args.timeout, "read_timeout_s": args.read_timeout}
@@ -114,7 +128,20 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
     slo = SLO(*(None if v is None else v / 1000.0 for v in (args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms)))
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     return BenchPlan(targets, levels, source, slo, args.requests, args.duration, args.warmup, seed,
-                     args.max_concurrency, args.ceiling)
+                     args.max_concurrency, args.ceiling, sessions)
+
+
+def _sessions(args: argparse.Namespace, source: PromptSource) -> SessionSpec:
+    clash = [flag for flag, value in (("--rate", args.rate), ("--requests", args.requests), ("--duration", args.duration),
+                                      ("--prompts", args.prompts)) if value]
+    if clash:
+        raise ValueError(f"--sessions runs every session's turns closed-loop; it cannot be combined with {', '.join(clash)}")
+    if args.endpoint != "chat":
+        raise ValueError("--sessions needs --endpoint chat (a conversation is a list of messages)")
+    if args.sessions < 1 or args.turns < 1 or args.shared_prefix_tokens < 0:
+        raise ValueError("--sessions and --turns must be >= 1, --shared-prefix-tokens >= 0")
+    return SessionSpec(args.sessions, args.turns, args.shared_prefix_tokens, source.input_len, source.output_len,
+                       args.session_header or None, args.session_user)
 
 
 def _progress_factory(enabled: bool):  # type: ignore[no-untyped-def]

@@ -61,6 +61,7 @@ class Config:
     spawn_child: bool = False
     worker_registration: str | None = None
     worker_warmup: float = 0.0
+    record_requests: str | None = None
 
 
 class BadRequest(Exception):
@@ -325,6 +326,8 @@ class Emulator:
             body = await self.read_body(request)
         except BadRequest as exc:
             return {}, self.error(400, str(exc), exc.param)
+        if self.cfg.record_requests:
+            self.record_request(request, body)
         failure = self.injected_failure()
         if failure is not None:
             return body, failure
@@ -336,6 +339,13 @@ class Emulator:
         if self.worker() != "up":  # the Dynamo frontend without a serving worker
             return body, self.error(503, "Service temporarily unavailable")
         return body, None
+
+    def record_request(self, request: web.Request, body: Json) -> None:
+        """One JSON line per generation request: path, headers (lower-cased names) and body, for tests
+        that check what a client sent."""
+        line = {"path": request.path, "headers": {k.lower(): v for k, v in request.headers.items()}, "body": body}
+        with open(self.cfg.record_requests, "ab") as f:  # type: ignore[arg-type]
+            f.write(orjson.dumps(line) + b"\n")
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body, early = await self.admit(request)
@@ -548,6 +558,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
                    help="dynamo: seconds after a worker registered during which requests still get 503")
     p.add_argument("--spawn-child", action="store_true",
                    help="start a worker process that ignores SIGTERM and outlives this one (as vLLM's EngineCore)")
+    p.add_argument("--record-requests", metavar="FILE", default=None,
+                   help="append each generation request (path, headers, body) to FILE as a JSON line")
     p.add_argument("--close-after-stream", action="store_true",
                    help="close the connection after each stream without saying so (as llama-server was seen to)")
     a = p.parse_args(argv)
@@ -566,7 +578,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
                   a.malformed_after_tokens, a.error_after_tokens, a.error_rate, a.seed, a.fail_status,
                   a.parallel, a.metrics, a.embedding_dim, a.no_usage,
                   a.close_after_stream, a.models_503_while_loading, a.spawn_child,
-                  a.worker_registration, a.worker_warmup)
+                  a.worker_registration, a.worker_warmup, a.record_requests)
 
 
 def announce(message: str) -> None:

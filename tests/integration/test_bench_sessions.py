@@ -1,0 +1,152 @@
+"""`enginegate bench --sessions`: multi-turn conversations against real emulator processes.
+
+The emulator counts a chat prompt's words as its prompt tokens and answers `tok0 tok1 ...`, so the
+prompt size of every turn is known exactly: system prompt + every user message so far + every
+earlier reply. It records what it received (`--record-requests`), so the session key is checked
+on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.bench.client import Target, make_session
+from gateway.bench.load import Level
+from gateway.bench.sessions import SessionRun, SessionSource, SessionSpec, run_sessions
+from gateway.bench.stats import SLO, per_turn, summarize
+from gateway.bench.workload import Length
+from tests.emulators.fixture import running_emulator
+
+pytestmark = pytest.mark.integration
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PREFIX_WORDS = 40
+USER_WORDS = 7
+REPLY = 5
+SYSTEM_LEAD = 5  # "You are assistant number {i}." before the synthetic words
+
+
+def spec(sessions: int = 3, turns: int = 4, **kw: object) -> SessionSpec:
+    return SessionSpec(sessions, turns, PREFIX_WORDS, Length("fixed", USER_WORDS), Length("fixed", REPLY), **kw)  # type: ignore[arg-type]
+
+
+async def drive(url: str, s: SessionSpec, concurrency: int, seed: int = 7) -> SessionRun:
+    target = Target("emu", url, "emulated-model")
+    async with make_session(concurrency) as session:
+        return await run_sessions(session, target, SessionSource(s), Level("concurrency", concurrency), seed)
+
+
+def records(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_each_turn_carries_the_whole_conversation_and_the_session_key(tmp_path: Path) -> None:
+    log = tmp_path / "requests.jsonl"
+    with running_emulator("vllm", "--itl-ms", "1", "--record-requests", str(log)) as emu:
+        run = await drive(emu.url, spec(), concurrency=2)
+    assert len(run.results) == 12 and all(r.ok for r in run.results)
+    assert run.ended_early == 0 and run.unsent == 0
+    # turn t: system prompt + t user messages + (t - 1) replies of REPLY words each
+    for r in run.results:
+        assert r.turn is not None
+        assert r.prompt_tokens == SYSTEM_LEAD + PREFIX_WORDS + r.turn * USER_WORDS + (r.turn - 1) * REPLY
+        assert r.text == "tok0 tok1 tok2 tok3 tok4"
+    sent = records(log)
+    assert len(sent) == 12
+    by_session: dict[str, list[dict]] = {}
+    for rec in sent:
+        headers, body = rec["headers"], rec["body"]
+        assert isinstance(headers, dict) and isinstance(body, dict)
+        assert headers["x-session-id"] == body["user"]
+        by_session.setdefault(body["user"], []).append(body)
+    assert len(by_session) == 3
+    for bodies in by_session.values():
+        first = bodies[0]["messages"]
+        assert [m["role"] for m in first] == ["system", "user"]
+        for turn, body in enumerate(bodies, 1):
+            messages = body["messages"]
+            assert [m["role"] for m in messages] == ["system"] + ["user", "assistant"] * (turn - 1) + ["user"]
+            assert messages[: len(first)] == first  # the prefix never changes within a session
+            assert all(m["content"] == "tok0 tok1 tok2 tok3 tok4" for m in messages if m["role"] == "assistant")
+            assert body["max_tokens"] == REPLY and body["stream"] is True
+    systems = {bodies[0]["messages"][0]["content"] for bodies in by_session.values()}
+    assert len(systems) == 3  # every session has its own system prompt
+
+
+async def test_turns_of_a_session_run_in_order_and_sessions_side_by_side() -> None:
+    with running_emulator("vllm", "--ttft-ms", "100", "--tokens", "2") as emu:
+        run = await drive(emu.url, spec(sessions=4, turns=3), concurrency=4)
+    # four sessions of three 100 ms turns, all in flight: about 3 x 100 ms, far below 12 x 100 ms in a row
+    assert run.duration_s >= 0.3 and run.duration_s < 12 * 0.1
+    stats = summarize("c=4", run.results, run.duration_s, SLO())
+    turns = per_turn(run.results)
+    assert [t.turn for t in turns] == [1, 2, 3] and all(t.ok == t.sent == 4 for t in turns)
+    assert [t.prompt_tokens_mean for t in turns] == [SYSTEM_LEAD + PREFIX_WORDS + t * USER_WORDS + (t - 1) * REPLY
+                                                    for t in (1, 2, 3)]
+    assert all(t.ttft.p50 is not None and t.ttft.p50 >= 0.1 for t in turns)
+    assert stats.ok == 12
+
+
+async def test_one_session_at_a_time_runs_strictly_one_after_another() -> None:
+    with running_emulator("vllm", "--ttft-ms", "30", "--tokens", "1") as emu:
+        run = await drive(emu.url, spec(sessions=3, turns=2), concurrency=1)
+    ordered = sorted(run.results, key=lambda r: r.start)
+    for a, b in zip(ordered, ordered[1:]):
+        assert b.start >= a.end  # closed loop of one: nothing overlaps
+    assert [r.turn for r in ordered] == [1, 2, 1, 2, 1, 2]
+
+
+async def test_a_failed_turn_ends_its_session_and_is_counted() -> None:
+    with running_emulator("vllm", "--fail-status", "503") as emu:
+        run = await drive(emu.url, spec(sessions=3, turns=4), concurrency=3)
+    assert [r.error for r in run.results] == ["http_503"] * 3 and {r.turn for r in run.results} == {1}
+    assert run.ended_early == 3 and run.unsent == 9
+
+
+async def test_the_session_key_can_be_left_out(tmp_path: Path) -> None:
+    log = tmp_path / "requests.jsonl"
+    with running_emulator("vllm", "--record-requests", str(log)) as emu:
+        await drive(emu.url, spec(sessions=1, turns=2, session_header=None, session_user=False), concurrency=1)
+    for rec in records(log):
+        assert "x-session-id" not in rec["headers"] and "user" not in rec["body"]  # type: ignore[operator]
+
+
+def test_same_seed_same_conversations_other_seed_other_prompts() -> None:
+    src = SessionSource(spec())
+    a, b, c = src.open(3, 0), src.open(3, 0), src.open(4, 0)
+    assert a.messages == b.messages and a.messages != c.messages
+    assert src.turn(a, 1).body == src.turn(b, 1).body
+    assert src.open(3, 0).session_id != src.open(3, 1).session_id != src.open(4, 0).session_id
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([sys.executable, "-m", "gateway.commands.bench", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_sessions_report_per_turn_ttft_and_json() -> None:
+    with running_emulator("vllm", "--ttft-ms", "20", "--itl-ms", "1") as emu:
+        done = cli("--base-url", emu.base_url, "--sessions", "3", "--turns", "3", "--shared-prefix-tokens", "30",
+                   "--input-tokens", "6", "--output-tokens", "4", "--json", "--no-progress", "--no-ceiling",
+                   "--warmup", "1")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["sessions"]["sessions"] == 3 and report["sessions"]["turns"] == 3
+    (level,) = report["results"]["A"]
+    assert level["label"] == "c=3" and level["ok"] == 9 and level["sent"] == 9
+    assert [t["turn"] for t in level["turns"]] == [1, 2, 3]
+    assert [t["prompt_tokens_mean"] for t in level["turns"]] == [SYSTEM_LEAD + 30 + t * 6 + (t - 1) * 4 for t in (1, 2, 3)]
+    assert all(t["ttft"]["p50"] >= 0.02 for t in level["turns"])
+    assert "### Per turn (TTFT in ms)" in done.stderr and "3 sessions x 3 turns" in done.stderr
+
+
+def test_cli_rejects_sessions_with_rates_or_request_budgets() -> None:
+    for extra in (["--rate", "2"], ["--requests", "5"], ["--endpoint", "completions"]):
+        bad = cli("--base-url", "http://127.0.0.1:9", "--model", "m", "--sessions", "2", *extra)
+        assert bad.returncode == 2 and "--sessions" in bad.stderr, (extra, bad.stderr)
