@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     """When set, every /v1 route requires `Authorization: Bearer <one of these>`."""
     metrics_api_key: str | None = None
     """When set, /metrics requires `Authorization: Bearer <this key>` (Prometheus: `authorization.credentials`)."""
+    epp_metrics: bool = True
+    """Also serve, on /metrics, the vLLM-named gauges an Inference Extension endpoint picker reads
+    (`vllm:num_requests_waiting`, ...; gateway/epp_metrics.py). Turn off where a Prometheus already
+    scrapes the vLLM pods this gateway relays to, so `sum(vllm:...)` does not count them twice."""
     retry_after_seconds: int = Field(default=1, ge=1)
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     """On SIGTERM: new requests get 503, requests in flight get this long to finish, then each

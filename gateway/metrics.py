@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapters.base import EngineStats
+from gateway.epp_metrics import EppCollector
 
 if TYPE_CHECKING:
     from gateway.planning import Plan
@@ -221,6 +222,9 @@ class GatewayMetrics:
         }
         self.engine_ttft = EngineTTFTCollector()
         r.register(self.engine_ttft)
+        # issue 15b: the names an Inference Extension endpoint picker reads (vllm:*), per model
+        self.epp = EppCollector()
+        r.register(self.epp)
         ProcessCollector(registry=r, namespace="enginegate")
         self.gpu: Collector | None = None
         if gpu:

@@ -12,10 +12,13 @@ from fastapi import APIRouter, Request
 from prometheus_client.metrics_core import Metric
 from starlette.responses import Response
 
+from adapters.base import Adapter, EngineStats
 from gateway.api.errors import error_response
 from gateway.api.serving import metrics, runtime
+from gateway.epp_metrics import ModelLoad, ReplicaLoad, ServedNames, model_load
 from gateway.metrics import GENERATION_ROUTES, GatewayMetrics
 from gateway.middleware import bearer_token
+from gateway.routing.pool import Replica
 from gateway.runtime import Runtime
 
 log = logging.getLogger("enginegate.metrics")
@@ -24,9 +27,30 @@ STATS_TIMEOUT_S = 2.0
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-async def refresh(m: GatewayMetrics, rt: Runtime) -> dict[str, bool]:
-    """Bring the polled gauges up to date (queue, readiness, the engines' own stats); returns readiness."""
+async def _engine_stats(model: str, adapter: Adapter) -> EngineStats | None:
+    try:
+        return await asyncio.wait_for(adapter.engine_stats(), STATS_TIMEOUT_S)
+    except Exception as exc:  # TimeoutError included: a slow engine must not stall the scrape
+        log.debug("engine stats for %s unavailable: %s", model, exc)
+        return None
+
+
+def _replica_load(replica: Replica, stats: EngineStats | None) -> ReplicaLoad:
+    admission = replica.admission
+    slots = getattr(admission, "concurrency", None)
+    cap = slots if isinstance(slots, int) and slots > 0 else None
+    return ReplicaLoad(admission.waiting, admission.running, cap, stats)
+
+
+async def refresh(m: GatewayMetrics, rt: Runtime, epp: bool = True) -> dict[str, bool]:
+    """Bring the polled gauges up to date (queue, readiness, the engines' own stats); returns readiness.
+
+    The engine's own gauges (enginegate_engine_*) are its first replica's; the endpoint picker's
+    (`epp`, vllm:*) add up every replica of a model."""
     ready: dict[str, bool] = {}
+    loads: dict[str, ModelLoad] = {}
+    names_ready: list[str] = []
+    names_not_ready: list[str] = []
     for backend in rt.models:
         m.track_model(
             backend.model_id,
@@ -40,13 +64,16 @@ async def refresh(m: GatewayMetrics, rt: Runtime) -> dict[str, bool]:
         health = await backend.adapter.health()
         ready[backend.model_id] = health.ready
         m.model_ready.labels(backend.model_id, backend.engine).set(1 if health.ready else 0)
-        try:
-            stats = await asyncio.wait_for(backend.adapter.engine_stats(), STATS_TIMEOUT_S)
-        except Exception as exc:  # TimeoutError included: a slow engine must not stall the scrape
-            log.debug("engine stats for %s unavailable: %s", backend.model_id, exc)
-            stats = None
+        replicas = backend.replicas or []
+        per_replica = await asyncio.gather(*(_engine_stats(backend.model_id, r.adapter) for r in replicas))
+        stats = per_replica[0] if per_replica else None
         if stats is not None:
             m.set_engine_stats(backend.model_id, backend.engine, stats)
+        if epp:
+            loads[backend.model_id] = model_load([_replica_load(r, s) for r, s in zip(replicas, per_replica)])
+            (names_ready if health.ready else names_not_ready).extend((backend.model_id, *backend.aliases))
+    if epp:
+        m.epp.update(loads, ServedNames(tuple(names_ready), tuple(names_not_ready)))
     return ready
 
 
@@ -62,7 +89,7 @@ async def prometheus_metrics(request: Request) -> Response:
         return error_response(401, "/metrics needs Authorization: Bearer <metrics_api_key>", code="invalid_api_key",
                               headers={"WWW-Authenticate": "Bearer"})
     m = metrics(request)
-    await refresh(m, runtime(request))
+    await refresh(m, runtime(request), epp=request.app.state.settings.epp_metrics)
     return Response(m.render(), media_type=PROMETHEUS_TEXT)
 
 
@@ -113,5 +140,5 @@ def summarize(m: GatewayMetrics, rt: Runtime, ready: dict[str, bool]) -> dict[st
 async def gateway_stats(request: Request) -> dict[str, Any]:
     m = metrics(request)
     rt = runtime(request)
-    ready = await refresh(m, rt)
+    ready = await refresh(m, rt, epp=request.app.state.settings.epp_metrics)
     return summarize(m, rt, ready)

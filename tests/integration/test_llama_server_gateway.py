@@ -266,3 +266,52 @@ def test_sigterm_to_the_gateway_leaves_no_engine(tmp_path: Path) -> None:
     assert not Path(f"/proc/{engine_pid}").exists(), "llama-server outlived the gateway"
     # stopped by the gateway's shutdown (SIGTERM to its process group), not only by the parent-death signal
     assert "state stopping -> stopped" in (tmp_path / "smollm.llama_server.log").read_text()
+
+
+async def test_endpoint_picker_metrics_come_from_the_engines_own_figures(gateway: Gateway) -> None:
+    """vllm:num_requests_running is what llama-server itself reports running (llamacpp:requests_processing),
+    read in the same scrape as the gateway's copy of the engine's figure."""
+    client = gateway.client()
+    first_tokens = asyncio.Event()
+    started = 0
+
+    async def one() -> None:
+        nonlocal started
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=400, temperature=0, stream=True,
+            extra_body={"ignore_eos": True})
+        counted = False
+        async for chunk in stream:
+            if not counted and chunk.choices and chunk.choices[0].delta.content:
+                counted = True
+                started += 1
+                if started == 2:
+                    first_tokens.set()
+            if first_tokens.is_set() and stop.is_set():
+                await stream.close()
+                return
+
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(one()) for _ in range(2)]
+    await asyncio.wait_for(first_tokens.wait(), 120)
+    async with httpx.AsyncClient() as http:
+        during = (await http.get(f"{gateway.url}/metrics")).text
+        stop.set()
+        await asyncio.gather(*tasks)
+        deadline = time.monotonic() + 30
+        while _metric_labeled((after := (await http.get(f"{gateway.url}/metrics")).text),
+                              "vllm:num_requests_running", MODEL) != 0:
+            assert time.monotonic() < deadline, after
+            await asyncio.sleep(0.2)
+    assert _metric_labeled(during, "vllm:num_requests_running", MODEL) == 2
+    assert _metric_labeled(during, "enginegate_engine_requests_running", MODEL) == 2
+    assert _metric_labeled(during, "vllm:num_requests_waiting", MODEL) == 0
+    kv = _metric_labeled(during, "vllm:kv_cache_usage_perc", MODEL)
+    assert 0 < kv <= 1 and kv == _metric_labeled(during, "vllm:gpu_cache_usage_perc", MODEL)
+    assert re.search(r'^vllm:lora_requests_info\{[^}]*running_lora_adapters="smollm"', during, re.M), during
+
+
+def _metric_labeled(text: str, name: str, model: str) -> float:
+    match = re.search(rf'^{re.escape(name)}\{{[^}}]*model(?:_name)?="{model}"[^}}]*\}} ([0-9.e+-]+)$', text, re.M)
+    assert match, (name, text)
+    return float(match.group(1))
