@@ -22,7 +22,7 @@ from gateway import hardware, modelsource, planning
 from gateway.config import ModelConfig, Settings
 from gateway.hardware import HardwareSnapshot
 from gateway.planning import Plan
-from gateway.routing import Admission, Backend, ModelRegistry
+from gateway.routing import Admission, Backend, ModelRegistry, Replica, replicas
 
 log = logging.getLogger("enginegate")
 
@@ -57,20 +57,21 @@ class Runtime:
             engine = registry.spec(plan.engine if plan is not None else config.engine)
             adapter_config = engine_config(config, engine, plan.options if plan is not None else {},
                                            source=str(resolved.path), name=model_id)
-            adapter = _create(engine, adapter_config)
+            replicas = _replicas(config, engine, adapter_config, str(resolved.path), model_id)
             aliases = tuple(config.aliases) + ((resolved.path.stem,) if resolved.path.stem != model_id else ())
             if index == 0:
                 aliases += ("default",)
             models.add(
                 Backend(
                     model_id=model_id,
-                    adapter=adapter,
-                    admission=Admission(concurrency=_concurrency(engine, adapter_config.options),
-                                        max_queue=config.max_queue),
+                    adapter=replicas[0].adapter,
+                    admission=replicas[0].admission,
                     plan=plan,
                     aliases=tuple(dict.fromkeys(a for a in aliases if a != model_id)),
                     created=int(time.time()),
                     info={"origin": resolved.origin, "path": str(resolved.path)},
+                    replicas=replicas,
+                    routing=config.routing,
                 )
             )
             if plan is not None:
@@ -110,19 +111,41 @@ def _remote_backend(config: ModelConfig, engine: EngineSpec, first: bool) -> Bac
     """A model served elsewhere (engine: openai): nothing to resolve or plan here."""
     model_id = config.name or config.source
     adapter_config = engine_config(config, engine, {}, source=config.source, name=model_id)
-    adapter = _create(engine, adapter_config)
-    concurrency = int(adapter_config.options.get("max_concurrency", engine.default_concurrency))
+    replicas = _replicas(config, engine, adapter_config, config.source, model_id)
     aliases = tuple(config.aliases) + (("default",) if first else ())
     return Backend(
         model_id=model_id,
-        adapter=adapter,
-        admission=Admission(concurrency=concurrency, max_queue=config.max_queue),
+        adapter=replicas[0].adapter,
+        admission=replicas[0].admission,
         aliases=tuple(dict.fromkeys(a for a in aliases if a != model_id)),
         created=int(time.time()),
-        info={"origin": "remote", "path": adapter.describe().get("base_url", "")},
+        info={"origin": "remote", "path": replicas[0].adapter.describe().get("base_url", "")},
+        replicas=replicas,
+        routing=config.routing,
     )
 
 
+def _replicas(config: ModelConfig, engine: EngineSpec, primary: EngineConfig, source: str, model_id: str) -> list[Replica]:
+    """The model's engine instances (`replicas: N`, then `backends:`), each with its own adapter and admission."""
+    entries: list[tuple[str, dict[str, Any], dict[str, Any], bool]] = []
+    for entry in config.backends:
+        try:
+            spec = registry.spec(entry.engine)
+        except registry.UnknownEngineError as exc:
+            raise PlanningError(f"model {model_id!r} backends: {exc}") from exc
+        entry_config = config.model_copy(update={"engine": entry.engine, "options": {**config.options, **entry.options}}
+                                         if spec.local_weights else {"engine": entry.engine, "options": dict(entry.options)})
+        options = engine_config(entry_config, spec, {}, source=source, name=model_id).options
+        entries += [(spec.name, dict(options), user_settings(entry_config), spec.local_weights)] * entry.replicas
+    found = replicas.instances(config, engine.name, primary.options, user_settings(config), entries)
+
+    def create(instance: replicas.Instance) -> Adapter:
+        spec = registry.spec(instance.engine)
+        src = source if spec.local_weights or instance.engine == engine.name else model_id
+        return _create(spec, EngineConfig(source=src, name=model_id, options=instance.options,
+                                          embeddings=config.embeddings, chat_format=config.chat_format))
+
+    return replicas.build(found, create, config)
 class PlanningError(Exception):
     """No engine can serve the model here (or its engine cannot take its options); the message says why."""
 
@@ -147,13 +170,6 @@ def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str) -> Plan
         return planning.plan(snapshot, spec, requested_engine=requested_engine)
     except (planning.NoEngineError, ValueError) as exc:
         raise PlanningError(str(exc)) from exc
-
-
-def _concurrency(engine: EngineSpec, options: Mapping[str, Any]) -> int:
-    """llama.cpp's slots are exact; batching engines get at least their default (they queue themselves)."""
-    if options.get("parallel"):
-        return int(options["parallel"])
-    return max(int(options.get("max_concurrency") or 0), engine.default_concurrency)
 
 
 USER_FIELDS = ("context_length", "threads", "gpu_layers")

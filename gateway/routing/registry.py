@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import logging
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import Adapter
+from gateway.config import RoutingConfig
 from gateway.planning import Plan
 from gateway.routing.admission import Admission
+from gateway.routing.balancer import Balancer
+from gateway.routing.monitor import HealthMonitor, follow_capacity
 from gateway.routing.pool import Lease, Replica, RouteKey
+
+log = logging.getLogger("enginegate.routing")
 
 
 @dataclass(slots=True)
 class Backend:
-    """One served model name. `adapter` and `admission` are its first replica's; requests go through `acquire`."""
+    """One served model name. `adapter` and `admission` are its first replica's; requests go through `acquire`.
+
+    Concurrency rule: `acquire` runs on the event loop; between the balancer's choice and the
+    replica's admission there is no await, so concurrent requests see each other's load.
+    """
 
     model_id: str
     adapter: Adapter
@@ -24,28 +35,93 @@ class Backend:
     created: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     replicas: list[Replica] = field(default_factory=list)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    balancer: Balancer = field(init=False)
+    monitor: HealthMonitor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if not self.replicas:
             self.replicas = [Replica(self.adapter, self.admission)]
+        self.balancer = Balancer(self.routing.balance, self.routing.affinity, self.routing.load_factor)
 
     @property
     def engine(self) -> str:
         return self.adapter.engine
 
-    async def acquire(self, route: RouteKey | None = None) -> Lease:
-        """Wait for a slot on a replica that can serve the request (QueueFull when none can take it)."""
-        replica = self.replicas[0]
-        await replica.admission.acquire()
-        return Lease(replica)
+    @property
+    def running(self) -> int:
+        return sum(r.admission.running for r in self.replicas)
+
+    @property
+    def waiting(self) -> int:
+        return sum(r.admission.waiting for r in self.replicas)
+
+    @property
+    def slots(self) -> int | None:
+        """Generations at once over all replicas; None: at least one has no gateway cap."""
+        counts = [r.admission.concurrency for r in self.replicas]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+
+    @property
+    def max_queue(self) -> int:
+        return sum(r.admission.max_queue for r in self.replicas)
+
+    def route_key(self, route: RouteKey | None) -> str | None:
+        """The affinity key this backend routes on (None: balance by load alone)."""
+        if route is None or self.routing.affinity == "none":
+            return None
+        return route.session if self.routing.affinity == "session" else route.prefix
+
+    async def acquire(self, route: RouteKey | None = None, exclude: Collection[Replica] = ()) -> Lease:
+        """Wait for a slot on a replica that can serve the request (QueueFull when none can take it).
+
+        `exclude`: replicas this request already failed on (a retry goes elsewhere while it can)."""
+        key = self.route_key(route)
+        for attempt in range(len(self.replicas) + 1):
+            pool = [r for r in self.replicas if r not in exclude] or self.replicas
+            choice = self.balancer.choose([r.candidate() for r in pool], key)
+            assert choice is not None
+            replica = pool[choice.index]
+            if replica.admission.full:
+                replica = self._roomier(pool, replica)
+            await replica.admission.acquire()
+            lease = Lease(replica, choice.reason)
+            if attempt < len(self.replicas) and replica.down() and any(not r.down() for r in pool):
+                lease.release()  # it died while we waited for its slot: choose again
+                continue
+            break
+        replica.breaker.dispatched()
+        return lease
+
+    @staticmethod
+    def _roomier(pool: list[Replica], chosen: Replica) -> Replica:
+        """The chosen replica's queue is full: any usable replica with room, before refusing with 429."""
+        for replica in pool:
+            if not replica.admission.full and not replica.down():
+                return replica
+        return chosen
 
     async def start(self) -> None:
-        for replica in self.replicas:
-            await replica.adapter.start()
+        results = await asyncio.gather(*(r.adapter.start() for r in self.replicas), return_exceptions=True)
+        failures = [(r, e) for r, e in zip(self.replicas, results, strict=True) if isinstance(e, BaseException)]
+        if len(failures) == len(self.replicas) or any(not isinstance(e, Exception) for _, e in failures):
+            raise failures[0][1]
+        for replica, error in failures:  # the others serve; the monitor watches for this one's readiness
+            log.warning("%s replica %s did not start: %s", self.model_id, replica.name, error)
+            replica.breaker.readiness(False, str(getattr(error, "message", error)))
+        await asyncio.gather(*(follow_capacity(r) for r in self.replicas))
+        if len(self.replicas) > 1:
+            self.monitor = HealthMonitor(self.replicas, self.routing.health_interval_seconds)
+            self.monitor.start()
 
     async def stop(self) -> None:
-        for replica in self.replicas:
-            await replica.adapter.stop()
+        if self.monitor is not None:
+            await self.monitor.stop()
+            self.monitor = None
+        results = await asyncio.gather(*(r.adapter.stop() for r in self.replicas), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
 
 class ModelRegistry:
