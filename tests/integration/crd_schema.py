@@ -57,25 +57,33 @@ def _strict(node: Any) -> Any:
     return out
 
 
-def _list_errors(schema: dict[str, Any], value: Any, path: str) -> Iterator[str]:
+def _nodes(schema: dict[str, Any], value: Any, path: str = "") -> Iterator[tuple[dict[str, Any], Any, str]]:
+    """Every (schema node, value, path) of `value` that its schema declares, the root first."""
+    yield schema, value, path
     if isinstance(value, dict):
         props = schema.get("properties", {})
         for key, child in value.items():
             if key in props:
-                yield from _list_errors(props[key], child, f"{path}.{key}")
+                yield from _nodes(props[key], child, f"{path}.{key}")
     elif isinstance(value, list):
-        kind = schema.get("x-kubernetes-list-type")
-        if kind == "map":
-            keys = [tuple(json.dumps(item.get(k), sort_keys=True) for k in schema["x-kubernetes-list-map-keys"])
-                    for item in value]
-            if len(set(keys)) != len(keys):
-                yield f"{path}: duplicate map-list keys {schema['x-kubernetes-list-map-keys']}"
-        elif kind == "set":
-            items = [json.dumps(v, sort_keys=True) for v in value]
-            if len(set(items)) != len(items):
-                yield f"{path}: duplicate items in a set list"
         for i, item in enumerate(value):
-            yield from _list_errors(schema.get("items", {}), item, f"{path}[{i}]")
+            yield from _nodes(schema.get("items", {}), item, f"{path}[{i}]")
+
+
+def _list_errors(schema: dict[str, Any], value: Any) -> Iterator[str]:
+    for node, items, path in _nodes(schema, value):
+        if not isinstance(items, list):
+            continue
+        kind = node.get("x-kubernetes-list-type")
+        if kind == "map":
+            keys = [tuple(json.dumps(item.get(k), sort_keys=True) for k in node["x-kubernetes-list-map-keys"])
+                    for item in items]
+            if len(set(keys)) != len(keys):
+                yield f"{path}: duplicate map-list keys {node['x-kubernetes-list-map-keys']}"
+        elif kind == "set":
+            encoded = [json.dumps(v, sort_keys=True) for v in items]
+            if len(set(encoded)) != len(encoded):
+                yield f"{path}: duplicate items in a set list"
 
 
 CEL_RESERVED = frozenset({"true", "false", "null", "in", "as", "break", "const", "continue", "else", "for",
@@ -112,31 +120,27 @@ def _defaulted(schema: dict[str, Any], value: Any) -> Any:
     return value
 
 
-def _cel_errors(schema: dict[str, Any], value: Any, path: str) -> Iterator[str]:
-    for rule in schema.get("x-kubernetes-validations", ()):
-        if "oldSelf" in rule["rule"]:
-            continue
-        if celpy is None:
-            yield f"{path or '<root>'}: CEL rule not evaluated (pip install cel-python): {rule['rule']}"
-            continue
-        env = celpy.Environment()
-        try:
-            result = env.program(env.compile(rule["rule"])).evaluate({"self": celpy.json_to_cel(_cel_value(value))})
-        except Exception as exc:  # a rule cel-python cannot compile or run is reported, not passed
-            yield f"{path or '<root>'}: CEL rule not evaluated ({type(exc).__name__}: {exc}): {rule['rule']}"
-            continue
-        if not isinstance(result, bool) and not isinstance(result, celpy.celtypes.BoolType):
-            yield f"{path or '<root>'}: CEL rule evaluation error {result!r}: {rule['rule']}"
-        elif not result:
-            yield f"{path or '<root>'}: {rule.get('message') or 'failed'} (CEL: {rule['rule']})"
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        for key, child in value.items():
-            if key in props:
-                yield from _cel_errors(props[key], child, f"{path}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from _cel_errors(schema.get("items", {}), item, f"{path}[{i}]")
+def _cel_errors(schema: dict[str, Any], value: Any) -> Iterator[str]:
+    for node, self_value, path in _nodes(schema, value):
+        for rule in node.get("x-kubernetes-validations", ()):
+            if "oldSelf" not in rule["rule"]:
+                yield from _cel_rule(rule, self_value, path or "<root>")
+
+
+def _cel_rule(rule: dict[str, str], value: Any, path: str) -> Iterator[str]:
+    if celpy is None:
+        yield f"{path}: CEL rule not evaluated (pip install cel-python): {rule['rule']}"
+        return
+    env = celpy.Environment()
+    try:
+        result = env.program(env.compile(rule["rule"])).evaluate({"self": celpy.json_to_cel(_cel_value(value))})
+    except Exception as exc:  # a rule cel-python cannot compile or run is reported, not passed
+        yield f"{path}: CEL rule not evaluated ({type(exc).__name__}: {exc}): {rule['rule']}"
+        return
+    if not isinstance(result, (bool, celpy.celtypes.BoolType)):
+        yield f"{path}: CEL rule evaluation error {result!r}: {rule['rule']}"
+    elif not result:
+        yield f"{path}: {rule.get('message') or 'failed'} (CEL: {rule['rule']})"
 
 
 def errors(doc: dict[str, Any]) -> list[str]:
@@ -147,9 +151,9 @@ def errors(doc: dict[str, Any]) -> list[str]:
     body = copy.deepcopy(doc)
     found = [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
              for e in jsonschema.Draft4Validator(_strict(schema)).iter_errors(body)]
-    found += list(_list_errors(schema, body, ""))
+    found += list(_list_errors(schema, body))
     if not found:  # as the API server: CEL runs on a structurally valid, defaulted object
-        found += list(_cel_errors(schema, _defaulted(schema, body), ""))
+        found += list(_cel_errors(schema, _defaulted(schema, body)))
     meta = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc.get("metadata", {})}
     try:  # ObjectMeta as Kubernetes defines it (the CRD schema says only `type: object`)
         kubernetes_validate.validate(meta, kubernetes_validate.latest_version(), strict=True)
@@ -159,6 +163,7 @@ def errors(doc: dict[str, Any]) -> list[str]:
 
 
 def cel_rules(api_version: str, kind: str) -> list[str]:
+    """Every CEL rule of the CRD's schema (wherever it applies)."""
     out: list[str] = []
 
     def walk(node: Any) -> None:
@@ -172,3 +177,10 @@ def cel_rules(api_version: str, kind: str) -> list[str]:
 
     walk(load(api_version, kind)["schema"])
     return out
+
+
+def cel_applied(doc: dict[str, Any]) -> int:
+    """How many CEL rules `errors(doc)` evaluates on this object (transition rules excluded)."""
+    schema = load(doc["apiVersion"], doc["kind"])["schema"]
+    return sum(1 for node, _, _ in _nodes(schema, _defaulted(schema, doc))
+               for rule in node.get("x-kubernetes-validations", ()) if "oldSelf" not in rule["rule"])

@@ -118,6 +118,7 @@ def test_the_crd_schemas_reject_what_the_api_server_would() -> None:
     pool = _one(docs, "InferencePool")
     route = _one(docs, "HTTPRoute")
     assert crd_schema.errors(pool) == [] and crd_schema.errors(route) == []
+    assert (crd_schema.cel_applied(pool), crd_schema.cel_applied(route)) == (2, 21)  # the rules that ran and passed
     broken: list[tuple[dict[str, Any], str]] = []
     unknown = copy.deepcopy(pool)
     unknown["spec"]["endpointPickerRef"]["failuremode"] = "FailOpen"  # misspelt: an unknown field

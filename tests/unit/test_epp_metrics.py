@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.base import Adapter, Capabilities, Completion, EngineStats, Health, RequestContext, StreamEvent, Usage
 from gateway.app import create_app
@@ -20,6 +19,7 @@ from gateway.config import Settings
 from gateway.epp_metrics import KV_USAGE, KV_USAGE_OLD, LORA_INFO, RUNNING, WAITING, ReplicaLoad, model_load
 from gateway.routing import Admission
 from gateway.runtime import runtime_for_adapters
+from tests.unit.test_obs_metrics import samples
 
 S = EngineStats
 
@@ -74,14 +74,6 @@ class GatedAdapter(Adapter):
         await self.gate.wait()
         yield StreamEvent(data=orjson.dumps({"choices": [{"delta": {"content": "x"}}]}), has_content=True)
         yield StreamEvent(data=b"", usage=Usage(prompt_tokens=1, completion_tokens=1))
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
 def app_for(adapters: dict[str, Adapter], **settings: Any) -> tuple[httpx.AsyncClient, Any]:
