@@ -11,7 +11,7 @@ routes on what the model-server protocol (docs/proposals/003-model-server-protoc
 | KVCacheUtilization   | `vllm:kv_cache_usage_perc` (0..1)        | the engine's KV use, else slot occupancy   |
 | LoRA adapters        | `vllm:lora_requests_info` (labels)       | model names ready / configured, see below  |
 
-`vllm:gpu_cache_usage_perc` (the KV name EPPs read before GAIE v1.2, Nov 2025) carries the same value.
+`vllm:gpu_cache_usage_perc` (the KV name EPPs before GAIE v1.3 read) carries the same value.
 A pod without the `inference.networking.k8s.io/engine-type` label is read with the vLLM mapping,
 so a stock EPP needs no configuration. Each gauge has one series per served model
 (`model_name`, vLLM's label); an EPP takes the first series of a name unless its engine config
