@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
@@ -78,8 +79,12 @@ class Backend:
         `exclude`: replicas this request already failed on (a retry goes elsewhere while it can)."""
         key = self.route_key(route)
         for attempt in range(len(self.replicas) + 1):
-            pool = [r for r in self.replicas if r not in exclude] or self.replicas
-            choice = self.balancer.choose([r.candidate() for r in pool], key)
+            pool = self.replicas
+            candidates = [r.candidate() for r in pool]
+            if exclude:  # a retry: the replicas it failed on count as down (a keyed request fails over)
+                candidates = [dataclasses.replace(c, available=False, probe=False) if r in exclude else c
+                              for r, c in zip(pool, candidates, strict=True)]
+            choice = self.balancer.choose(candidates, key)
             assert choice is not None
             replica = pool[choice.index]
             if replica.admission.full:
