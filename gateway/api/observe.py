@@ -39,11 +39,11 @@ async def refresh(m: GatewayMetrics, rt: Runtime) -> dict[str, bool]:
         )
         m.queue_waiting.labels(backend.model_id).set(backend.waiting)
         m.running.labels(backend.model_id).set(backend.running)
-        health = await backend.adapter.health()
+        health = await backend.health()
         ready[backend.model_id] = health.ready
         m.model_ready.labels(backend.model_id, backend.engine).set(1 if health.ready else 0)
         try:
-            stats = await asyncio.wait_for(backend.adapter.engine_stats(), STATS_TIMEOUT_S)
+            stats = await asyncio.wait_for(backend.engine_stats(), STATS_TIMEOUT_S)
         except Exception as exc:  # TimeoutError included: a slow engine must not stall the scrape
             log.debug("engine stats for %s unavailable: %s", backend.model_id, exc)
             stats = None

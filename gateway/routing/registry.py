@@ -9,11 +9,12 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.base import Adapter
+from adapters.base import Adapter, EngineStats, Health
 from gateway.config import RoutingConfig
 from gateway.planning import Plan
 from gateway.routing.admission import Admission
 from gateway.routing.balancer import Balancer
+from gateway.routing.health import BreakerState
 from gateway.routing.monitor import HealthMonitor, follow_capacity
 from gateway.routing.pool import Lease, Replica, RouteKey
 
@@ -66,6 +67,30 @@ class Backend:
     @property
     def max_queue(self) -> int:
         return sum(r.admission.max_queue for r in self.replicas)
+
+    async def health(self) -> Health:
+        """Ready when any replica serves (its engine ready and its breaker not open); the detail names each."""
+        if len(self.replicas) == 1:
+            return await self.adapter.health()
+        checks = await asyncio.gather(*(r.adapter.health() for r in self.replicas))
+        up = [h.ready and r.breaker.state is not BreakerState.OPEN for r, h in zip(self.replicas, checks, strict=True)]
+        parts = [f"replica {r.name}: {'up' if ok else 'down'} ({h.detail or r.breaker.reason or r.breaker.state.value})"
+                 for r, h, ok in zip(self.replicas, checks, up, strict=True)]
+        return Health(any(up), f"{sum(up)}/{len(up)} replicas up; " + "; ".join(parts))
+
+    async def engine_stats(self) -> EngineStats | None:
+        """The engines' own stats over all replicas: counts and counters summed, KV-cache use the highest."""
+        if len(self.replicas) == 1:
+            return await self.adapter.engine_stats()
+        found = [s for s in await asyncio.gather(*(r.adapter.engine_stats() for r in self.replicas)) if s is not None]
+        if not found:
+            return None
+        total = EngineStats()
+        for name in (f.name for f in dataclasses.fields(EngineStats)):
+            values = [getattr(s, name) for s in found if getattr(s, name) is not None]
+            if values:
+                setattr(total, name, max(values) if name == "kv_cache_usage_ratio" else sum(values))
+        return total
 
     def route_key(self, route: RouteKey | None) -> str | None:
         """The affinity key this backend routes on (None: balance by load alone)."""
