@@ -200,3 +200,27 @@ async def test_admission_follows_each_engines_slots(tmp_path: Path) -> None:
     total = replicas[0].admission.concurrency + 3  # type: ignore[operator]
     assert f'enginegate_generation_slots{{model="{MODEL}"}} {total}.0' in metrics
     assert f'enginegate_replica_slots{{model="{MODEL}",replica="1"}} 3.0' in metrics
+
+
+@pytest.mark.parametrize("gateway", [{"affinity": "prefix"}], indirect=True)
+async def test_prefix_affinity_keeps_a_conversation_and_spreads_one_hot_prefix(
+        gateway: tuple[httpx.AsyncClient, Backend]) -> None:
+    http, backend = gateway
+    messages = [{"role": "system", "content": "You are a helpful pirate who answers briefly. " * 8},
+                {"role": "user", "content": "Hello, who are you?"}]
+    for turn in range(3):  # no session key: the conversation's leading messages are its key
+        answer = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 4})
+        assert answer.status_code == 200, answer.text
+        messages += [answer.json()["choices"][0]["message"], {"role": "user", "content": f"And then {turn}?"}]
+    assert sorted(served(backend)) == [0, 3]
+    home = served(backend).index(3)
+
+    body = {"model": MODEL, "messages": messages[:2], "max_tokens": 24, "ignore_eos": True}
+    answers = await asyncio.gather(*(http.post("/v1/chat/completions", json=body) for _ in range(8)))
+    assert [a.status_code for a in answers] == [200] * 8
+    spread = [n - (3 if i == home else 0) for i, n in enumerate(served(backend))]
+    # one hot prefix, 8 at once, 2 slots each: its home keeps the larger share, the rest spills, bounded
+    assert spread[home] >= spread[1 - home] > 0 and max(spread) <= 5  # ceil(1.25 * 8 / 2)
+    decisions = counted((await http.get("/metrics")).text)
+    assert decisions[("routing_decisions", "affinity", str(home))] == 3 + spread[home]
+    assert decisions[("routing_decisions", "affinity_spill", str(1 - home))] == spread[1 - home]
