@@ -80,9 +80,17 @@ class Breaker:
     def wants_probe(self) -> bool:
         return self.allows() and self.state is BreakerState.HALF_OPEN
 
-    def dispatched(self) -> None:
-        if self.state is BreakerState.HALF_OPEN:
+    def dispatched(self) -> bool:
+        """A request is on its way here; True when it is the half-open trial."""
+        if self.state is BreakerState.HALF_OPEN and not self.probing:
             self.probing = True
+            return True
+        return False
+
+    def undispatched(self, probe: bool) -> None:
+        """That request never reached the engine (refused by the queue, or sent elsewhere)."""
+        if probe and self.state is BreakerState.HALF_OPEN:
+            self.probing = False
 
     def record(self, error: BaseException | None) -> None:
         """A request on this replica ended (error None: it succeeded)."""

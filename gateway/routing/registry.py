@@ -114,14 +114,18 @@ class Backend:
             replica = pool[choice.index]
             if replica.admission.full:
                 replica = self._roomier(pool, replica)
-            await replica.admission.acquire()
-            lease = Lease(replica, choice.reason)
+            probe = replica.breaker.dispatched()  # before any wait: one trial request at a time
+            try:
+                await replica.admission.acquire()
+            except BaseException:
+                replica.breaker.undispatched(probe)
+                raise
             if attempt < len(self.replicas) and replica.down() and any(not r.down() for r in pool):
-                lease.release()  # it died while we waited for its slot: choose again
+                replica.breaker.undispatched(probe)
+                replica.admission.release()  # it died while we waited for its slot: choose again
                 continue
             break
-        replica.breaker.dispatched()
-        return lease
+        return Lease(replica, choice.reason)
 
     @staticmethod
     def _roomier(pool: list[Replica], chosen: Replica) -> Replica:
@@ -140,7 +144,7 @@ class Backend:
             log.warning("%s replica %s did not start: %s", self.model_id, replica.name, error)
             replica.breaker.readiness(False, str(getattr(error, "message", error)))
         await asyncio.gather(*(follow_capacity(r) for r in self.replicas))
-        if len(self.replicas) > 1:
+        if len(self.replicas) > 1 and self.monitor is None:
             self.monitor = HealthMonitor(self.replicas, self.routing.health_interval_seconds)
             self.monitor.start()
 
