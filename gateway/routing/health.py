@@ -48,10 +48,14 @@ def is_failure(error: BaseException | None) -> bool | None:
 
 
 def is_retryable(error: BaseException) -> bool:
-    """The engine failed before it produced anything (refused, reset, down, overloaded): another replica may serve."""
+    """The engine could not take the request (refused, reset, down, overloaded: 503, or 429 from an
+    upstream that queues on its own): another replica may serve it. An engine's other errors (a
+    500 for this request, bad credentials) are not retried."""
+    if isinstance(error, ClientRequestError):
+        return error.status == 429
     if not isinstance(error, EngineError):
         return False
-    return error.code in RETRYABLE_CODES or error.status in (502, 503)
+    return error.code in RETRYABLE_CODES or error.status == 503
 
 
 @dataclass(slots=True)

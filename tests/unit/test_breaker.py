@@ -45,7 +45,9 @@ def test_what_counts_as_the_engines_failure(error: BaseException | None, failure
         (ENGINE_DOWN, True),
         (EngineError("reset", 502, "engine_reset"), True),
         (EngineError("overloaded", 503), True),
-        (EngineError("internal", 500), False),  # the engine answered: it may be this request's fault
+        (EngineError("engine error 500: boom", 502), False),  # the engine answered: it may be this request's fault
+        (EngineError("rejected the gateway's credentials", 502, "upstream_auth"), False),
+        (ClientRequestError("slow down", 429), True),  # an upstream that is full: try another
         (EngineError("slow", 504, "upstream_timeout"), False),
         (ClientRequestError("bad", 400), False),
     ],
