@@ -10,7 +10,8 @@ from gateway.config import RoutingConfig
 from gateway.routing import Admission, Backend, QueueFull, Replica, RouteKey
 from gateway.routing.balancer import rank
 from gateway.routing.health import Breaker, BreakerState
-from adapters.base import EngineError
+from adapters.base import EngineError, EngineStats
+from gateway.routing.monitor import poll
 from tests.fakes import EchoAdapter
 
 
@@ -134,3 +135,32 @@ async def test_health_and_summed_capacity() -> None:
     b.replicas[1].breaker.readiness(False, "restarting")
     assert not (await b.health()).ready
     assert backend(slots=None).slots is None
+
+
+class Reporting(Restartable):
+    """Reports its engine's own queue, as llama-server's or vLLM's metrics do."""
+
+    def __init__(self, waiting: float, kv: float | None = None) -> None:
+        super().__init__()
+        self.waiting, self.kv = waiting, kv
+
+    async def engine_stats(self) -> EngineStats | None:
+        return EngineStats(requests_running=2, requests_waiting=self.waiting, kv_cache_usage_ratio=self.kv)
+
+
+@pytest.mark.parametrize(("waiting", "kv", "saturated"), [(0, 0.2, False), (3, 0.2, True), (0, 0.97, True), (0, None, False)])
+async def test_the_engines_own_queue_and_kv_use_mark_a_replica_saturated(waiting: float, kv: float | None,
+                                                                         saturated: bool) -> None:
+    replica = Replica(Reporting(waiting, kv), Admission(None, 0))
+    await poll(replica)
+    candidate = replica.candidate()
+    assert candidate.saturated is saturated and candidate.engine_load == 2 + waiting
+
+
+async def test_a_busy_engine_is_passed_over_for_a_calm_one() -> None:
+    """No gateway cap on either (external URLs): the engines' own waiting counts steer the choice."""
+    replicas = [Replica(Reporting(5), Admission(None, 0), name="0"), Replica(Reporting(0), Admission(None, 0), name="1")]
+    b = Backend(model_id="m", adapter=replicas[0].adapter, admission=replicas[0].admission, replicas=replicas)
+    await asyncio.gather(*(poll(r) for r in replicas))
+    leases = [await b.acquire() for _ in range(3)]
+    assert [lease.replica.name for lease in leases] == ["1", "1", "1"]
