@@ -108,6 +108,7 @@ def test_prefix_text_is_what_a_conversation_keeps() -> None:
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]}
     assert prefix_text(parts, 100) == prefix_text({"messages": [{"role": "user", "content": "hello"}]}, 100)
     assert prefix_text({"prompt": "Once upon a time"}, 4) == "Once"
+    assert prefix_text({"prompt": "x" * 5000}, 65536) == "x" * 1024  # a growing prompt keeps its start
     assert prefix_text({"prompt": [[1, 2, 3]]}, 2) == "[1,2]"
     assert prefix_text({}, 10) is None
 
