@@ -30,6 +30,7 @@ from gateway.modelsource import embedded_model_path
 from gateway.routing import Admission, Backend, ModelRegistry, Replica
 from gateway.routing.balancer import rank
 from gateway.runtime import Runtime
+from tests.emulators.fixture import running_emulator
 from tests.gateway_process import app_server
 
 pytestmark = pytest.mark.integration
@@ -224,3 +225,35 @@ async def test_prefix_affinity_keeps_a_conversation_and_spreads_one_hot_prefix(
     decisions = counted((await http.get("/metrics")).text)
     assert decisions[("routing_decisions", "affinity", str(home))] == 3 + spread[home]
     assert decisions[("routing_decisions", "affinity_spill", str(1 - home))] == spread[1 - home]
+
+
+async def test_a_local_replica_and_an_external_url_behind_one_name(tmp_path: Path) -> None:
+    """llama-server here plus an external URL (the vLLM emulator); the URL goes away, the name keeps serving."""
+    with running_emulator("vllm", "--model", MODEL, "--tokens", "4") as upstream:
+        options = {"threads": 1, "parallel": 2, "context_length": 1024, "log_dir": str(tmp_path)}
+        config = Settings(models=(ModelConfig(
+            name=MODEL, engine="llama_server", options=options, embeddings=False,
+            backends=({"engine": "openai", "options": {"base_url": upstream.base_url}},),
+            routing={"balance": "round_robin", "health_interval_seconds": 0.2, "failure_threshold": 1,
+                     "open_seconds": 600}),))
+        app = create_app(config)
+        async with app_server(app) as url, httpx.AsyncClient(base_url=url, timeout=60) as http:
+            backend = app.state.runtime.models.get(MODEL)
+            texts = []
+            for _ in range(4):
+                answer = await http.post("/v1/chat/completions", json=chat("Say hello."))
+                assert answer.status_code == 200, answer.text
+                texts.append(answer.json()["choices"][0]["message"]["content"])
+            assert served(backend) == [2, 2] and texts.count("tok0 tok1 tok2 tok3") == 2  # the emulator's answer
+            local, external = backend.replicas
+            assert (local.admission.concurrency, external.admission.concurrency) == (2, None)
+            admin = (await http.get("/admin/engines")).json()[MODEL]["replicas"]
+            assert [r["engine"] for r in admin] == ["llama_server", "openai"]
+
+            upstream.stop()  # the external server is gone
+            for _ in range(4):
+                answer = await http.post("/v1/chat/completions", json=chat("Say hello again."))
+                assert answer.status_code == 200, answer.text
+            assert external.breaker.state.value == "open" and served(backend) == [6, 2]
+            ready = (await http.get("/ready")).json()["models"][MODEL]
+            assert ready["ready"] and ready["detail"].startswith("1/2 replicas up")
