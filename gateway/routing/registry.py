@@ -111,9 +111,11 @@ class Backend:
                               for r, c in zip(pool, candidates, strict=True)]
             choice = self.balancer.choose(candidates, key)
             assert choice is not None
-            replica = pool[choice.index]
+            replica, reason = pool[choice.index], choice.reason
             if replica.admission.full:
                 replica = self._roomier(pool, replica)
+                if replica is not pool[choice.index] and reason == "affinity":
+                    reason = "affinity_spill"
             probe = replica.breaker.dispatched()  # before any wait: one trial request at a time
             try:
                 await replica.admission.acquire()
@@ -125,7 +127,7 @@ class Backend:
                 replica.admission.release()  # it died while we waited for its slot: choose again
                 continue
             break
-        return Lease(replica, choice.reason)
+        return Lease(replica, reason)
 
     @staticmethod
     def _roomier(pool: list[Replica], chosen: Replica) -> Replica:

@@ -93,11 +93,18 @@ async def test_affinity_keeps_a_session_on_its_replica_and_falls_back_when_it_di
     http, backend = gateway
     first, second = session_homed_at(0), session_homed_at(1)
     history = "Tell me about the sea."
+    prompts, cached = [], []
     for turn in range(3):  # each turn carries the conversation so far, as a chat client sends it
         answer = await http.post("/v1/chat/completions", json=chat(history), headers={"x-session-id": first})
         assert answer.status_code == 200, answer.text
         history += " " + answer.json()["choices"][0]["message"]["content"] + f" And then {turn}?"
+        usage = answer.json()["usage"]
+        prompts.append(usage["prompt_tokens"])
+        cached.append(usage.get("prompt_tokens_details", {}).get("cached_tokens", 0))
     assert served(backend) == [3, 0]
+    # where its prefix is: each turn after the first reuses the engine's cache of the turn before (all
+    # but the few template tokens after the user's text, where the longer history departs from it)
+    assert all(cached[t] >= prompts[t - 1] - 8 for t in (1, 2)), (prompts, cached)
     for _ in range(2):  # `user` is the session key when there is no header
         assert (await http.post("/v1/chat/completions", json=chat("Hi", user=second))).status_code == 200
     assert served(backend) == [3, 2]
@@ -107,6 +114,8 @@ async def test_affinity_keeps_a_session_on_its_replica_and_falls_back_when_it_di
     answer = await http.post("/v1/chat/completions", json=chat(history), headers={"x-session-id": first})
     assert answer.status_code == 200, answer.text
     assert served(backend) == [3, 3]  # its replica is down: the session's next choice served it
+    elsewhere = answer.json()["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    assert elsewhere < cached[2]  # ... without its cache (at most the chat template's start)
 
     await until(lambda: home.adapter.ready_now() and home.breaker.state.value != "open", "the restart")
     for _ in range(2):  # the first is the half-open probe, then the session is home again
