@@ -29,8 +29,9 @@ class RoutingConfig(BaseModel):
     session_header: str = "x-session-id"
     load_factor: float = Field(default=1.25, ge=1.0)
     """Bounded load for affinity: no replica takes more than ceil(load_factor * mean outstanding)."""
-    prefix_chars: int = Field(default=2048, ge=16)
-    """How much of the prompt (leading messages up to the first user message) the prefix hash covers."""
+    prefix_chars: int = Field(default=65536, ge=16)
+    """How much of the prompt (leading messages up to the first user message) the prefix hash covers:
+    enough to tell conversations apart when they share a long system prompt."""
     failure_threshold: int = Field(default=3, ge=1)
     """Consecutive engine failures (errors, timeouts) that open a replica's circuit breaker."""
     open_seconds: float = Field(default=5.0, gt=0)

@@ -99,6 +99,9 @@ class Runtime:
             why = plan.summary() if plan is not None else b.engine
             lines.append(f"  model:  {b.model_id} <- {b.info.get('path', '?')}")
             lines.append(f"  engine: {why}")
+            if len(b.replicas) > 1:
+                each = ", ".join(f"{r.adapter.engine} ({r.admission.concurrency or 'no cap'} slots)" for r in b.replicas)
+                lines.append(f"  replicas: {len(b.replicas)}: {each}; balance {b.routing.balance}, affinity {b.routing.affinity}")
             for override in plan.overridden if plan is not None else ():
                 lines.append(f"  user:   {override.describe()}")
             for warning in plan.warnings if plan is not None else ():

@@ -6,13 +6,14 @@ import asyncio
 import hmac
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from prometheus_client.metrics_core import Metric
 from starlette.responses import Response
 
-from adapters.base import Adapter, EngineStats
+from adapters.base import EngineStats
 from gateway.api.errors import error_response
 from gateway.api.serving import metrics, runtime
 from gateway.epp_metrics import ModelLoad, ReplicaLoad, ServedNames, model_load
@@ -29,9 +30,9 @@ STATS_TIMEOUT_S = 2.0
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-async def _engine_stats(model: str, adapter: Adapter) -> EngineStats | None:
+async def _bounded(model: str, read: Awaitable[EngineStats | None]) -> EngineStats | None:
     try:
-        return await asyncio.wait_for(adapter.engine_stats(), STATS_TIMEOUT_S)
+        return await asyncio.wait_for(read, STATS_TIMEOUT_S)
     except Exception as exc:  # TimeoutError included: a slow engine must not stall the scrape
         log.debug("engine stats for %s unavailable: %s", model, exc)
         return None
@@ -46,8 +47,8 @@ def _replica_load(replica: Replica, stats: EngineStats | None) -> ReplicaLoad:
 async def refresh(m: GatewayMetrics, rt: Runtime, epp: bool = True) -> dict[str, bool]:
     """Bring the polled gauges up to date (queue, readiness, the engines' own stats); returns readiness.
 
-    The engine's own gauges (enginegate_engine_*) are its first replica's; the endpoint picker's
-    (`epp`, vllm:*) add up every replica of a model."""
+    The engine's own gauges (enginegate_engine_*) and the endpoint picker's (`epp`, vllm:*) cover
+    every replica of a model."""
     ready: dict[str, bool] = {}
     loads: dict[str, ModelLoad] = {}
     names_ready: list[str] = []
@@ -62,12 +63,18 @@ async def refresh(m: GatewayMetrics, rt: Runtime, epp: bool = True) -> dict[str,
         )
         m.queue_waiting.labels(backend.model_id).set(backend.waiting)
         m.running.labels(backend.model_id).set(backend.running)
-        health = await backend.adapter.health()
+        health = await backend.health()
         ready[backend.model_id] = health.ready
         m.model_ready.labels(backend.model_id, backend.engine).set(1 if health.ready else 0)
         replicas = backend.replicas or []
-        per_replica = await asyncio.gather(*(_engine_stats(backend.model_id, r.adapter) for r in replicas))
-        stats = per_replica[0] if per_replica else None
+        per_replica: list[EngineStats | None]
+        if len(replicas) == 1:
+            stats = await _bounded(backend.model_id, replicas[0].adapter.engine_stats())
+            per_replica = [stats]
+        else:  # the model's figures (summed as Backend.engine_stats says) and, for the picker, each replica's
+            stats, *per_replica = await asyncio.gather(
+                _bounded(backend.model_id, backend.engine_stats()),
+                *(_bounded(backend.model_id, r.adapter.engine_stats()) for r in replicas))
         if stats is not None:
             m.set_engine_stats(backend.model_id, backend.engine, stats)
         _refresh_replicas(m, backend)

@@ -48,10 +48,14 @@ def is_failure(error: BaseException | None) -> bool | None:
 
 
 def is_retryable(error: BaseException) -> bool:
-    """The engine failed before it produced anything (refused, reset, down, overloaded): another replica may serve."""
+    """The engine could not take the request (refused, reset, down, overloaded: 503, or 429 from an
+    upstream that queues on its own): another replica may serve it. An engine's other errors (a
+    500 for this request, bad credentials) are not retried."""
+    if isinstance(error, ClientRequestError):
+        return error.status == 429
     if not isinstance(error, EngineError):
         return False
-    return error.code in RETRYABLE_CODES or error.status in (502, 503)
+    return error.code in RETRYABLE_CODES or error.status == 503
 
 
 @dataclass(slots=True)
@@ -80,9 +84,17 @@ class Breaker:
     def wants_probe(self) -> bool:
         return self.allows() and self.state is BreakerState.HALF_OPEN
 
-    def dispatched(self) -> None:
-        if self.state is BreakerState.HALF_OPEN:
+    def dispatched(self) -> bool:
+        """A request is on its way here; True when it is the half-open trial."""
+        if self.state is BreakerState.HALF_OPEN and not self.probing:
             self.probing = True
+            return True
+        return False
+
+    def undispatched(self, probe: bool) -> None:
+        """That request never reached the engine (refused by the queue, or sent elsewhere)."""
+        if probe and self.state is BreakerState.HALF_OPEN:
+            self.probing = False
 
     def record(self, error: BaseException | None) -> None:
         """A request on this replica ended (error None: it succeeded)."""

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.base import Adapter
+from adapters.base import Adapter, EngineStats, Health
 from gateway.config import RoutingConfig
 from gateway.planning import Plan
 from gateway.routing.admission import Admission
 from gateway.routing.balancer import Balancer
+from gateway.routing.health import BreakerState
 from gateway.routing.monitor import HealthMonitor, follow_capacity
 from gateway.routing.pool import Lease, Replica, RouteKey
 
@@ -66,6 +68,30 @@ class Backend:
     def max_queue(self) -> int:
         return sum(r.admission.max_queue for r in self.replicas)
 
+    async def health(self) -> Health:
+        """Ready when any replica serves (its engine ready and its breaker not open); the detail names each."""
+        if len(self.replicas) == 1:
+            return await self.adapter.health()
+        checks = await asyncio.gather(*(r.adapter.health() for r in self.replicas))
+        up = [h.ready and r.breaker.state is not BreakerState.OPEN for r, h in zip(self.replicas, checks, strict=True)]
+        parts = [f"replica {r.name}: {'up' if ok else 'down'} ({h.detail or r.breaker.reason or r.breaker.state.value})"
+                 for r, h, ok in zip(self.replicas, checks, up, strict=True)]
+        return Health(any(up), f"{sum(up)}/{len(up)} replicas up; " + "; ".join(parts))
+
+    async def engine_stats(self) -> EngineStats | None:
+        """The engines' own stats over all replicas: counts and counters summed, KV-cache use the highest."""
+        if len(self.replicas) == 1:
+            return await self.adapter.engine_stats()
+        found = [s for s in await asyncio.gather(*(r.adapter.engine_stats() for r in self.replicas)) if s is not None]
+        if not found:
+            return None
+        total = EngineStats()
+        for name in (f.name for f in dataclasses.fields(EngineStats)):
+            values = [getattr(s, name) for s in found if getattr(s, name) is not None]
+            if values:
+                setattr(total, name, max(values) if name == "kv_cache_usage_ratio" else sum(values))
+        return total
+
     def route_key(self, route: RouteKey | None) -> str | None:
         """The affinity key this backend routes on (None: balance by load alone)."""
         if route is None or self.routing.affinity == "none":
@@ -78,20 +104,30 @@ class Backend:
         `exclude`: replicas this request already failed on (a retry goes elsewhere while it can)."""
         key = self.route_key(route)
         for attempt in range(len(self.replicas) + 1):
-            pool = [r for r in self.replicas if r not in exclude] or self.replicas
-            choice = self.balancer.choose([r.candidate() for r in pool], key)
+            pool = self.replicas
+            candidates = [r.candidate() for r in pool]
+            if exclude:  # a retry: the replicas it failed on count as down (a keyed request fails over)
+                candidates = [dataclasses.replace(c, available=False, probe=False) if r in exclude else c
+                              for r, c in zip(pool, candidates, strict=True)]
+            choice = self.balancer.choose(candidates, key)
             assert choice is not None
-            replica = pool[choice.index]
+            replica, reason = pool[choice.index], choice.reason
             if replica.admission.full:
                 replica = self._roomier(pool, replica)
-            await replica.admission.acquire()
-            lease = Lease(replica, choice.reason)
+                if replica is not pool[choice.index] and reason == "affinity":
+                    reason = "affinity_spill"
+            probe = replica.breaker.dispatched()  # before any wait: one trial request at a time
+            try:
+                await replica.admission.acquire()
+            except BaseException:
+                replica.breaker.undispatched(probe)
+                raise
             if attempt < len(self.replicas) and replica.down() and any(not r.down() for r in pool):
-                lease.release()  # it died while we waited for its slot: choose again
+                replica.breaker.undispatched(probe)
+                replica.admission.release()  # it died while we waited for its slot: choose again
                 continue
             break
-        replica.breaker.dispatched()
-        return lease
+        return Lease(replica, reason)
 
     @staticmethod
     def _roomier(pool: list[Replica], chosen: Replica) -> Replica:
@@ -110,7 +146,7 @@ class Backend:
             log.warning("%s replica %s did not start: %s", self.model_id, replica.name, error)
             replica.breaker.readiness(False, str(getattr(error, "message", error)))
         await asyncio.gather(*(follow_capacity(r) for r in self.replicas))
-        if len(self.replicas) > 1:
+        if len(self.replicas) > 1 and self.monitor is None:
             self.monitor = HealthMonitor(self.replicas, self.routing.health_interval_seconds)
             self.monitor.start()
 

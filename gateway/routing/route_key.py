@@ -4,7 +4,8 @@ The prefix hash covers the prompt's leading messages up to and including the fir
 (at most `prefix_chars` characters of it): what stays the same across a conversation's turns,
 since each turn resends the conversation so far. Two conversations with one system prompt but
 different first questions get different keys; a prompt shared by every request is one hot key,
-which the bounded load spreads. For text completions it is the prompt's first characters.
+which the bounded load spreads. A text completion's prompt has no turns to tell apart: its key is
+its first `PROMPT_CHARS` characters (a prompt that grows turn by turn keeps its start).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import orjson
 from gateway.routing.pool import RouteKey
 
 MAX_SESSION = 256
+PROMPT_CHARS = 1024
 
 
 def _text(content: Any) -> str:
@@ -44,6 +46,7 @@ def prefix_text(body: Mapping[str, Any], limit: int) -> str | None:
                 break
         return "".join(parts)[:limit] or None
     prompt = body.get("prompt")
+    limit = min(limit, PROMPT_CHARS)
     if isinstance(prompt, list):
         prompt = prompt[0] if prompt else None
     if isinstance(prompt, str):

@@ -76,13 +76,31 @@ function renderHardware(hardware) {
   $("hardware").replaceChildren(...rows);
 }
 
+function replicaRow(model, r) {
+  // one replica of a model: its breaker state, load and slots, and where it runs
+  const tr = document.createElement("tr");
+  tr.dataset.model = model;
+  tr.dataset.replica = r.name;
+  const up = r.state !== "open" && !r.down;
+  const where = r.base_url || (r.port ? `port ${r.port}` : "");
+  const cells = [`  ↳ replica ${r.name}`, r.engine, up ? r.state : `down (${r.state})`, `${r.running} / ${r.slots ?? "no cap"}`,
+                 `${r.waiting} / ${r.max_queue}`, [where, r.reason, `served ${r.served}, failed ${r.failed}`].filter(Boolean).join(" · ")];
+  cells.forEach((text, i) => {
+    const td = document.createElement("td");
+    td.textContent = text;
+    if (i === 2) td.className = up ? "ready" : "not_ready";
+    tr.appendChild(td);
+  });
+  return tr;
+}
+
 function renderModels(stats, ready) {
   const rows = [];
   for (const [id, m] of Object.entries(stats.models)) {
     const isReady = ready.models && ready.models[id] ? ready.models[id].ready : m.ready;
     const tr = document.createElement("tr");
     tr.dataset.model = id;
-    const cells = [id, m.engine, isReady ? "ready" : "not ready", `${m.running} / ${m.slots}`, `${m.waiting} / ${m.max_queue}`, why(id)];
+    const cells = [id, m.engine, isReady ? "ready" : "not ready", `${m.running} / ${m.slots ?? "no cap"}`, `${m.waiting} / ${m.max_queue}`, why(id)];
     cells.forEach((text, i) => {
       const td = document.createElement("td");
       td.textContent = text;
@@ -90,6 +108,8 @@ function renderModels(stats, ready) {
       tr.appendChild(td);
     });
     rows.push(tr);
+    const replicas = m.replicas || [];
+    if (replicas.length > 1) rows.push(...replicas.map((r) => replicaRow(id, r)));
   }
   $("models").replaceChildren(...rows);
 }
