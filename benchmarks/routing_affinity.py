@@ -63,6 +63,13 @@ def routed(metrics: str) -> dict[str, int]:
     return out
 
 
+def engine_prompt_tokens(metrics: str) -> float | None:
+    """Prompt tokens the llama-servers computed, summed over both (llamacpp:prompt_tokens_total counts
+    only evaluated tokens: a prefix served from the cache is not in it)."""
+    match = re.search(r'^enginegate_engine_prompt_tokens\{[^}]*model="smollm"[^}]*\} ([0-9.e+]+)$', metrics, re.M)
+    return float(match.group(1)) if match else None
+
+
 def run_policy(label: str, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     config = config_yaml(POLICIES[label], args.parallel, args.context, args.engine_arg)
     report = out_dir / f"{label}.json"
@@ -76,10 +83,10 @@ def run_policy(label: str, args: argparse.Namespace, out_dir: Path) -> dict[str,
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"bench failed for {label}: {done.stderr[-3000:]}")
-        spread = routed(httpx.get(f"{gw.url}/metrics", timeout=30).text)
+        metrics = httpx.get(f"{gw.url}/metrics", timeout=30).text
     data = json.loads(report.read_text())
     (level,) = data["results"]["A"]
-    return {"level": level, "spread": spread, "report": done.stdout}
+    return {"level": level, "spread": routed(metrics), "computed": engine_prompt_tokens(metrics), "report": done.stdout}
 
 
 def _ms(v: float | None) -> str:
@@ -117,13 +124,17 @@ def main() -> int:
     print(f"\n{args.sessions} sessions x {args.turns} turns, ~{args.prefix}-token system prompt each, "
           f"{args.input_tokens}-token turns, {args.output_tokens}-token replies; 2 llama-server replicas x "
           f"{args.parallel} slots{' ' + ' '.join(args.engine_arg) if args.engine_arg else ''}\n")
-    print("| policy | ok/sent | TTFT p50 ms | TTFT p99 ms | output tok/s | req/s | requests per replica |")
-    print("|---|---|---|---|---|---|---|")
+    print("| policy | ok/sent | TTFT p50 ms | TTFT p99 ms | output tok/s | req/s | prompt tokens sent | "
+          "computed by the engines | cached (usage) | requests per replica |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for label, r in results.items():
         s = r["level"]
         spread = ", ".join(f"{k}: {v}" for k, v in sorted(r["spread"].items()))
+        computed = "-" if r["computed"] is None else f"{r['computed']:.0f}"
+        cached = "-" if s.get("cached_fraction") is None else f"{s['cached_fraction']:.0%}"
         print(f"| {label} | {s['ok']}/{s['sent']} | {_ms(s['ttft']['p50'])} | {_ms(s['ttft']['p99'])} | "
-              f"{s['output_tps']:.1f} | {s['request_rate']:.3f} | {spread} |")
+              f"{s['output_tps']:.1f} | {s['request_rate']:.3f} | {s['prompt_tokens']} | {computed} | {cached} | "
+              f"{spread} |")
     print("\nTTFT p50 per turn (ms):\n")
     turns = range(1, args.turns + 1)
     print("| policy | " + " | ".join(f"turn {t}" for t in turns) + " |")
@@ -140,8 +151,8 @@ def main() -> int:
               f"TTFT p99 {lo['ttft']['p99'] / a['ttft']['p99']:.2f}x, output throughput {tput:.3f} "
               f"(target >= 1: {'met' if tput >= 1.0 else 'missed'})")
     if args.json:
-        args.json.write_text(json.dumps({k: {"level": v["level"], "spread": v["spread"]} for k, v in results.items()},
-                                        indent=1))
+        args.json.write_text(json.dumps({k: {key: v[key] for key in ("level", "spread", "computed")}
+                                         for k, v in results.items()}, indent=1))
     return 0
 
 

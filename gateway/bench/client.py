@@ -78,6 +78,7 @@ class RequestResult:
     streamed: bool = True
     retried: bool = False  # sent twice: the first try met a connection the server had closed
     turn: int | None = None  # a multi-turn session's turn (1-based); None outside sessions
+    cached_tokens: int | None = None  # prompt tokens the endpoint served from its cache (usage.prompt_tokens_details)
     text: str | None = None  # the generated text, kept only when the request asked (`keep_text`)
 
     @property
@@ -130,6 +131,9 @@ def _apply_usage(result: RequestResult, usage: Any) -> None:
     if isinstance(usage, dict):
         result.prompt_tokens = usage.get("prompt_tokens")
         result.completion_tokens = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        result.cached_tokens = cached if isinstance(cached, int) and not isinstance(cached, bool) else None
 
 
 def _fallback_counts(result: RequestResult, request: BenchRequest, output: str, events: int,

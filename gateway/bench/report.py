@@ -121,8 +121,8 @@ def turn_table(result: BenchResult) -> str:
     """TTFT turn by turn: with a prefix cache, later turns (longer conversations) answer as fast as the
     first only where the conversation so far is still cached."""
     multi = len(result.plan.targets) > 1
-    head = (["endpoint"] if multi else []) + ["level", "turn", "ok/sent", "prompt tokens (mean)", "TTFT p50",
-                                              "TTFT p99"]
+    head = (["endpoint"] if multi else []) + ["level", "turn", "ok/sent", "prompt tokens (mean)", "cached",
+                                              "TTFT p50", "TTFT p99"]
     rows = []
     for i in range(len(result.plan.levels)):
         for t in result.plan.targets:
@@ -130,8 +130,14 @@ def turn_table(result: BenchResult) -> str:
             for turn in s.turns:
                 rows.append(([t.name] if multi else []) + [
                     s.label, str(turn.turn), f"{turn.ok}/{turn.sent}", _num(turn.prompt_tokens_mean, 0),
-                    _ms(turn.ttft.p50), _ms(turn.ttft.p99)])
-    return "### Per turn (TTFT in ms)\n\n" + table(head, rows)
+                    _pct(turn.cached_fraction), _ms(turn.ttft.p50), _ms(turn.ttft.p99)])
+    note = ("\n\n`cached`: the share of prompt tokens the endpoint said it served from its cache "
+            "(`usage.prompt_tokens_details.cached_tokens`; `-` where it does not say)")
+    return "### Per turn (TTFT in ms)\n\n" + table(head, rows) + note
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _ratio(a: float | None, b: float | None) -> str:

@@ -68,6 +68,7 @@ class TurnStats:
     ok: int
     prompt_tokens_mean: float | None  # from usage; None when no answer reported it
     ttft: Dist
+    cached_fraction: float | None = None  # of the prompt tokens, the share served from the endpoint's cache
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,15 @@ class LevelStats:
     retried: int = 0
     notes: list[str] = field(default_factory=list)
     turns: list[TurnStats] = field(default_factory=list)  # multi-turn sessions only: one entry per turn
+    cached_fraction: float | None = None  # prompt tokens served from the endpoint's cache, where usage says
+
+
+def cached_fraction(results: Sequence[RequestResult]) -> float | None:
+    """Share of prompt tokens the endpoint reported cached (`usage.prompt_tokens_details.cached_tokens`),
+    over the answers that reported it; None when none did."""
+    told = [r for r in results if r.ok and r.cached_tokens is not None and r.prompt_tokens]
+    total = sum(r.prompt_tokens or 0 for r in told)
+    return sum(r.cached_tokens or 0 for r in told) / total if total else None
 
 
 def per_turn(results: Sequence[RequestResult]) -> list[TurnStats]:
@@ -106,7 +116,7 @@ def per_turn(results: Sequence[RequestResult]) -> list[TurnStats]:
         ok = [r for r in sent if r.ok]
         prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
         out.append(TurnStats(turn, len(sent), len(ok), sum(prompts) / len(prompts) if prompts else None,
-                             distribution([r.ttft for r in ok if r.ttft is not None])))
+                             distribution([r.ttft for r in ok if r.ttft is not None]), cached_fraction(ok)))
     return out
 
 
@@ -164,4 +174,5 @@ def summarize(label: str, results: Sequence[RequestResult], duration_s: float, s
         content_event_rate=sum(len(r.content_times) for r in results) / duration_s,
         retried=sum(r.retried for r in results),
         notes=notes,
+        cached_fraction=cached_fraction(ok),
     )

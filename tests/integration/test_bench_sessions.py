@@ -150,3 +150,16 @@ def test_cli_rejects_sessions_with_rates_or_request_budgets() -> None:
     for extra in (["--rate", "2"], ["--requests", "5"], ["--endpoint", "completions"]):
         bad = cli("--base-url", "http://127.0.0.1:9", "--model", "m", "--sessions", "2", *extra)
         assert bad.returncode == 2 and "--sessions" in bad.stderr, (extra, bad.stderr)
+
+
+def test_cached_prompt_tokens_come_from_usage() -> None:
+    from gateway.bench.client import RequestResult, _apply_usage
+    from gateway.bench.stats import cached_fraction
+
+    told, silent, odd = RequestResult(0.0), RequestResult(0.0), RequestResult(0.0)
+    _apply_usage(told, {"prompt_tokens": 400, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 300}})
+    _apply_usage(silent, {"prompt_tokens": 100, "completion_tokens": 2})
+    _apply_usage(odd, {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": True}})
+    assert (told.cached_tokens, silent.cached_tokens, odd.cached_tokens) == (300, None, None)
+    assert cached_fraction([told, silent, odd]) == 0.75  # over the answers that said
+    assert cached_fraction([silent]) is None
