@@ -11,9 +11,9 @@ simpler, exactly uniform placement: no ring and no virtual nodes to tune (a ring
 three replicas is lumpy unless it has hundreds of points), a replica that leaves moves only its
 own keys (to each key's next choice, the same fallback every time), and a key comes back to its
 home replica when that replica does. One hot key spills to its second choice, then its third,
-as soon as its home holds more than its share plus the margin. A replica whose engine queues
-(its slots are all busy, or it reports waiting requests or a full KV cache) is treated as over
-the bound while another is not.
+as soon as its home holds more than its share plus the margin. A replica where requests already
+queue (in the gateway, or in its engine by its own waiting count or a full KV cache) is treated
+as over the bound while another is not.
 """
 
 from __future__ import annotations
@@ -40,7 +40,12 @@ class Candidate:
     available: bool = True
     """Its breaker lets a request through and it is not known to be down."""
     saturated: bool = False
-    """A request sent now would queue (gateway slots busy, or the engine reports a queue or a full KV cache)."""
+    """A request sent now would not start at once (its slots are all busy, or its engine queues)."""
+    queueing: bool = False
+    """Requests already wait for it: the gateway's queue for it is not empty, or its engine reports
+    waiting requests or a full KV cache. Affinity spills only from a queueing replica: one more
+    request waiting for a slot where its prefix is cached usually costs less than its whole prefill
+    elsewhere."""
     engine_load: float = 0.0
     """Requests its engine reports running and waiting (other clients of a shared upstream included)."""
     probe: bool = False
@@ -97,10 +102,10 @@ class Balancer:
         order = rank(key, [c.name for c in candidates])
         home = order[0]
         cap = bound(candidates, usable, self.load_factor)
-        calm = any(not candidates[i].saturated for i in usable)
+        calm = any(not candidates[i].queueing for i in usable)
         for i in order:
             c = candidates[i]
-            if not c.available or c.outstanding >= cap or (calm and c.saturated):
+            if not c.available or c.outstanding >= cap or (calm and c.queueing):
                 continue
             if i == home:
                 return Choice(i, "affinity")

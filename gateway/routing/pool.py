@@ -51,6 +51,7 @@ class Replica:
             outstanding=self.outstanding,
             available=not self.down() and self.breaker.allows(),
             saturated=not self.admission.free or engine_queue,
+            queueing=self.admission.waiting > 0 or engine_queue,
             engine_load=(self.engine_running or 0) + (self.engine_waiting or 0),
             probe=self.breaker.wants_probe(),
         )

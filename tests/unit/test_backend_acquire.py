@@ -154,7 +154,7 @@ async def test_the_engines_own_queue_and_kv_use_mark_a_replica_saturated(waiting
     replica = Replica(Reporting(waiting, kv), Admission(None, 0))
     await poll(replica)
     candidate = replica.candidate()
-    assert candidate.saturated is saturated and candidate.engine_load == 2 + waiting
+    assert candidate.saturated is saturated and candidate.queueing is saturated and candidate.engine_load == 2 + waiting
 
 
 async def test_a_busy_engine_is_passed_over_for_a_calm_one() -> None:

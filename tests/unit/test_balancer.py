@@ -12,8 +12,10 @@ from gateway.routing.balancer import Balancer, Candidate, bound, rank
 A, B, C = "0", "1", "2"
 
 
-def cands(*loads: int, down: tuple[int, ...] = (), saturated: tuple[int, ...] = ()) -> list[Candidate]:
-    return [Candidate(str(i), load, available=i not in down, saturated=i in saturated) for i, load in enumerate(loads)]
+def cands(*loads: int, down: tuple[int, ...] = (), saturated: tuple[int, ...] = (),
+          queueing: tuple[int, ...] = ()) -> list[Candidate]:
+    return [Candidate(str(i), load, available=i not in down, saturated=i in saturated or i in queueing,
+                      queueing=i in queueing) for i, load in enumerate(loads)]
 
 
 @pytest.mark.parametrize(
@@ -115,9 +117,11 @@ def test_affinity_fails_over_to_the_keys_next_choice_and_comes_back() -> None:
 def test_affinity_spills_from_a_queueing_home_while_another_is_calm() -> None:
     balancer = Balancer(affinity="prefix")
     home = rank("k", [A, B])[0]
-    spill = balancer.choose(cands(0, 0, saturated=(home,)), key="k")
+    busy = balancer.choose(cands(0, 0, saturated=(home,)), key="k")  # slots busy, nobody waiting: wait at home
+    assert busy is not None and (busy.index, busy.reason) == (home, "affinity")
+    spill = balancer.choose(cands(0, 0, queueing=(home,)), key="k")
     assert spill is not None and (spill.index, spill.reason) == (1 - home, "affinity_spill")
-    both = balancer.choose(cands(0, 0, saturated=(0, 1)), key="k")  # everyone queues: stay home (the cache)
+    both = balancer.choose(cands(0, 0, queueing=(0, 1)), key="k")  # everyone queues: stay home (the cache)
     assert both is not None and (both.index, both.reason) == (home, "affinity")
 
 
