@@ -18,7 +18,7 @@ from adapters import registry
 from adapters.base import Adapter
 from adapters.config import EngineConfig, resolve_options
 from adapters.spec import EngineSpec
-from gateway import hardware, modelsource, planning
+from gateway import hardware, modelsource, planning, tuning
 from gateway.config import ModelConfig, Settings
 from gateway.hardware import HardwareSnapshot
 from gateway.planning import Plan
@@ -144,7 +144,9 @@ def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str) -> Plan
         log.warning("serving %s with %s unplanned: %s", path, requested_engine, exc)
         return None
     try:
-        return planning.plan(snapshot, spec, requested_engine=requested_engine)
+        # the tune record for this host and model, if any: measured engine and options, calibrated speed
+        return tuning.apply_tuning(planning.plan(snapshot, spec, requested_engine=requested_engine),
+                                   tuning.lookup(snapshot, path, planning.Workload()))
     except (planning.NoEngineError, ValueError) as exc:
         raise PlanningError(str(exc)) from exc
 
