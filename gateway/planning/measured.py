@@ -18,7 +18,7 @@ class VariantResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     engine: str
     label: str
-    """The options varied from the plan's, e.g. `threads=2 parallel=1`; `planned` when none."""
+    """Its main options, e.g. `threads=2 parallel=1`, marked `(planned)` for the plan's own."""
     options: dict[str, Any] = Field(default_factory=dict)
     status: Status = "ok"
     reason: str | None = None

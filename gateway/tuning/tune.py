@@ -73,20 +73,23 @@ async def tune(snapshot: HardwareSnapshot, req: TuneRequest, say: Say) -> TuneRe
     say(f"tune: {len(runnable)} variant(s) to measure within {req.budget_s:g} s "
         f"({', '.join(dict.fromkeys(v.engine for v in cands.variants))}); plan predicts {cands.base.engine}")
     results: list[VariantResult] = []
+    took: dict[str, float] = {}  # what a variant of each engine really took, once one has run
     for i, v in enumerate(cands.variants, 1):
         if v.problem is not None:
             say(f"[{i}/{len(cands.variants)}] {v.engine} {v.label}: {v.problem_status.replace('_', ' ')}: {v.problem}")
             results.append(_unmeasured(v, v.problem_status, v.problem))
             continue
         left = req.budget_s - (time.perf_counter() - t0)
-        if v.estimate_s > left:
-            say(f"[{i}/{len(cands.variants)}] {v.engine} {v.label}: skipped, {left:.0f} s of budget left, needs ~{v.estimate_s:.0f} s")
-            results.append(_unmeasured(v, "skipped", f"budget spent: {max(left, 0):.0f} s left, needs ~{v.estimate_s:.0f} s"))
+        need = max(v.estimate_s, took.get(v.engine, 0.0))
+        if need > left:
+            say(f"[{i}/{len(cands.variants)}] {v.engine} {v.label}: skipped, {left:.0f} s of budget left, needs ~{need:.0f} s")
+            results.append(_unmeasured(v, "skipped", f"budget spent: {max(left, 0):.0f} s left, needs ~{need:.0f} s"))
             continue
-        say(f"[{i}/{len(cands.variants)}] {v.engine} {v.label}: starting (~{v.estimate_s:.0f} s)")
+        say(f"[{i}/{len(cands.variants)}] {v.engine} {v.label}: starting (~{need:.0f} s)")
         r = await measure(v, req.model, w, slo=req.goodput_slo(), requests=req.per_level(), levels=req.levels(),
                           start_timeout_s=min(START_TIMEOUT_S, max(30.0, left)), seed=req.seed + i, say=say,
                           params_active=spec.params_active)
+        took[v.engine] = max(took.get(v.engine, 0.0), r.wall_s or 0.0)
         if r.ok:
             alone = f"{r.decode_tokens_per_s:.1f} tokens/s alone, " if r.decode_tokens_per_s else ""
             say(f"  -> {alone}{r.output_tokens_per_s or 0:.1f} tokens/s at c={w.concurrency}, "

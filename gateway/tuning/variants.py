@@ -10,7 +10,7 @@ before any gets a second one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,26 @@ FALLBACK_DECODE_TOKENS_PER_S = 10.0
 PREFILL_S_PER_TOKEN = 0.002
 """Assumed prefill cost when neither the planner nor a record gives one (CPU, small model)."""
 MAX_VARIANTS = 3
+
+
+Missing = Callable[[str, Mapping[str, Any]], str | None]
+
+
+def _why_missing(engine: str, options: Mapping[str, Any]) -> str | None:
+    return registry.spec(engine).why_missing(options)
+
+
+def _installed(missing: Missing) -> Callable[[str], bool]:
+    return lambda engine: missing(engine, {}) is None
+
+
+KNOBS = ("threads", "parallel", "kv_cache_type", "gpu_memory_fraction", "max_concurrency")
+"""The options a variant's label shows."""
+
+
+def label(options: Mapping[str, Any], planned: bool = False) -> str:
+    shown = " ".join(f"{k}={options[k]}" for k in KNOBS if options.get(k) is not None) or "defaults"
+    return f"{shown} (planned)" if planned else shown
 
 
 class TuneError(ValueError):
@@ -114,14 +134,20 @@ def _engines(base: Plan, requested: Sequence[str] | None) -> list[str]:
 def candidates(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, *, engines: Sequence[str] | None,
                budget_s: float, requests: int, levels: Sequence[int],
                decode_rates: Mapping[str, float] | None = None,
-               prefill_times: Mapping[str, float] | None = None, max_variants: int = MAX_VARIANTS) -> Candidates:
-    """The variants to measure in order, cut to `budget_s`; raises TuneError when not even one fits."""
+               prefill_times: Mapping[str, float] | None = None, max_variants: int = MAX_VARIANTS,
+               missing: Missing | None = None) -> Candidates:
+    """The variants to measure in order, cut to `budget_s`; raises TuneError when not even one fits.
+
+    missing(engine, options): why the engine cannot start here (None: it can); default: the engine's spec.
+    """
+    missing = missing or _why_missing
+    installed = _installed(missing)
     known = set(registry.names())
     unknown = [e for e in engines or () if e not in known]
     if unknown:
         raise TuneError(f"--engines: unknown engine(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     try:
-        base = plan(snapshot, spec, w)
+        base = plan(snapshot, spec, w, installed=installed)
     except NoEngineError as exc:
         if not engines:
             raise TuneError(str(exc)) from exc
@@ -129,9 +155,9 @@ def candidates(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, *, engi
     per_engine: list[list[Variant]] = []
     for engine in _engines(base, engines) if base is not None else list(dict.fromkeys(engines or ())):
         per_engine.append(_engine_variants(engine, snapshot, spec, w, requests, levels, decode_rates or {},
-                                           prefill_times or {})[:max_variants])
+                                           prefill_times or {}, missing)[:max_variants])
     if base is None:
-        base = plan(snapshot, spec, w, requested_engine=per_engine[0][0].engine)
+        base = plan(snapshot, spec, w, requested_engine=per_engine[0][0].engine, installed=installed)
     ordered: list[Variant] = []
     for depth in range(max(map(len, per_engine), default=0)):
         ordered += [vs[depth] for vs in per_engine if depth < len(vs)]
@@ -157,17 +183,18 @@ def candidates(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, *, engi
 
 def _engine_variants(engine: str, snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, requests: int,
                      levels: Sequence[int], decode_rates: Mapping[str, float],
-                     prefill_times: Mapping[str, float]) -> list[Variant]:
+                     prefill_times: Mapping[str, float], missing: Missing) -> list[Variant]:
     try:
-        p = plan(snapshot, spec, w, requested_engine=engine)
+        p = plan(snapshot, spec, w, requested_engine=engine, installed=_installed(missing))
     except (NoEngineError, ValueError) as exc:
-        return [Variant(engine, {}, "planned", 0.0, problem=f"cannot be planned here: {exc}")]
-    missing = registry.spec(engine).why_missing(p.options)
-    if missing is not None:
-        return [Variant(engine, p.options, "planned", 0.0, problem=missing, problem_status="not_installed")]
+        return [Variant(engine, {}, "-", 0.0, problem=f"cannot be planned here: {exc}")]
+    why = missing(engine, p.options)
+    if why is not None:
+        return [Variant(engine, p.options, label(p.options, planned=True), 0.0, problem=why,
+                        problem_status="not_installed")]
     failed = [w_ for w_ in p.warnings if w_.startswith(f"{engine} was requested but")]
     if failed:
-        return [Variant(engine, p.options, "planned", 0.0, problem="; ".join(failed))]
+        return [Variant(engine, p.options, label(p.options, planned=True), 0.0, problem="; ".join(failed))]
     cap = p.capacity
     bound = cap.decode_tokens_per_s if cap else None
     decode = decode_rates.get(engine) or (bound * ASSUMED_EFFICIENCY if bound else None)
@@ -175,7 +202,8 @@ def _engine_variants(engine: str, snapshot: HardwareSnapshot, spec: ModelSpec, w
     cost = estimate_s(engine, decode, prefill, w, requests, levels)
     common = {"predicted_decode": bound, "predicted_prefill": cap.prefill_seconds if cap else None,
               "bytes_per_token": cap.bytes_per_token if cap else None}
-    out = [Variant(engine, p.options, "planned", cost, **common)]
+    out = [Variant(engine, p.options, label(p.options, planned=True), cost, **common)]
     for key, value in _uncertain(engine, p.options, snapshot, w):
-        out.append(Variant(engine, _with(p.options, key, value), f"{key}={value}", cost, **common))
+        options = _with(p.options, key, value)
+        out.append(Variant(engine, options, label(options), cost, **common))
     return out
