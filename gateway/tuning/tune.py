@@ -12,6 +12,7 @@ from gateway.hardware import HardwareSnapshot
 from gateway.planning import Workload, load_spec
 from gateway.planning.measured import VariantResult
 from gateway.tuning.fingerprint import engine_version, host_fingerprint, model_identity
+from gateway.tuning.lookup import lookup
 from gateway.tuning.record import TuneRecord
 from gateway.tuning.runner import Say, measure
 from gateway.tuning.variants import MAX_VARIANTS, Variant, candidates
@@ -67,8 +68,9 @@ async def tune(snapshot: HardwareSnapshot, req: TuneRequest, say: Say) -> TuneRe
     t0 = time.perf_counter()
     spec = load_spec(req.model)
     w = req.workload
+    earlier = lookup(snapshot, req.model, w).usable  # calibrates the time estimates
     cands = candidates(snapshot, spec, w, engines=req.engines, budget_s=req.budget_s, requests=req.per_level(),
-                       levels=req.levels(), max_variants=req.max_variants)
+                       levels=req.levels(), usable=earlier, max_variants=req.max_variants)
     runnable = [v for v in cands.variants if v.problem is None]
     say(f"tune: {len(runnable)} variant(s) to measure within {req.budget_s:g} s "
         f"({', '.join(dict.fromkeys(v.engine for v in cands.variants))}); plan predicts {cands.base.engine}")

@@ -17,7 +17,9 @@ from typing import Any
 from adapters import registry
 from gateway.hardware import HardwareSnapshot
 from gateway.planning import NoEngineError, Plan, Workload, plan
+from gateway.planning.measured import VariantResult
 from gateway.planning.specs import ModelSpec
+from gateway.tuning.calibrate import calibrate, engine_figures
 
 STARTUP_S = {"llamacpp": 4.0, "llama_server": 5.0, "mlx": 6.0, "mlx_server": 8.0}
 """Rough start-up of a gateway with this engine (imports, load, readiness); others: DEFAULT_STARTUP_S."""
@@ -25,6 +27,8 @@ DEFAULT_STARTUP_S = 90.0
 ASSUMED_EFFICIENCY = 0.4
 """Share of the planner's decode bound assumed reached before anything is measured (0.40 measured here)."""
 FALLBACK_DECODE_TOKENS_PER_S = 10.0
+ASSUMED_BANDWIDTH_GBPS = 10.0
+"""Memory bandwidth assumed for the estimate when the host's is unknown (no `enginegate doctor` run yet)."""
 PREFILL_S_PER_TOKEN = 0.002
 """Assumed prefill cost when neither the planner nor a record gives one (CPU, small model)."""
 MAX_VARIANTS = 3
@@ -109,6 +113,24 @@ def _with(options: Mapping[str, Any], key: str, value: Any) -> dict[str, Any]:
     return changed
 
 
+def _expected(p: Plan, usable: Sequence[Sequence[VariantResult]]) -> tuple[float | None, float | None]:
+    """Decode tokens/s and prefill seconds to expect: calibrated by earlier records, else a share of the
+    planner's bound, else ASSUMED_BANDWIDTH_GBPS over the bytes read per token."""
+    figures = engine_figures(p.engine, usable, p.options)
+    if figures is not None:
+        p = calibrate(p, figures)
+    cap = p.capacity
+    if cap is None:
+        return None, None
+    if p.calibration is not None and p.calibration.decode_tokens_per_s:
+        decode = cap.decode_tokens_per_s
+    elif cap.decode_tokens_per_s:
+        decode = cap.decode_tokens_per_s * ASSUMED_EFFICIENCY
+    else:
+        decode = ASSUMED_BANDWIDTH_GBPS * 1e9 / cap.bytes_per_token * ASSUMED_EFFICIENCY
+    return decode, cap.prefill_seconds
+
+
 def estimate_s(engine: str, decode: float | None, prefill: float | None, w: Workload, requests: int,
                levels: Sequence[int]) -> float:
     """Seconds to start, warm up and measure one variant, pessimistic (requests served one at a time)."""
@@ -133,11 +155,11 @@ def _engines(base: Plan, requested: Sequence[str] | None) -> list[str]:
 
 def candidates(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, *, engines: Sequence[str] | None,
                budget_s: float, requests: int, levels: Sequence[int],
-               decode_rates: Mapping[str, float] | None = None,
-               prefill_times: Mapping[str, float] | None = None, max_variants: int = MAX_VARIANTS,
+               usable: Sequence[Sequence[VariantResult]] = (), max_variants: int = MAX_VARIANTS,
                missing: Missing | None = None) -> Candidates:
     """The variants to measure in order, cut to `budget_s`; raises TuneError when not even one fits.
 
+    usable: earlier records' results on this host (their calibration sharpens the time estimates);
     missing(engine, options): why the engine cannot start here (None: it can); default: the engine's spec.
     """
     missing = missing or _why_missing
@@ -154,8 +176,7 @@ def candidates(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, *, engi
         base = None  # type: ignore[assignment]
     per_engine: list[list[Variant]] = []
     for engine in _engines(base, engines) if base is not None else list(dict.fromkeys(engines or ())):
-        per_engine.append(_engine_variants(engine, snapshot, spec, w, requests, levels, decode_rates or {},
-                                           prefill_times or {}, missing)[:max_variants])
+        per_engine.append(_engine_variants(engine, snapshot, spec, w, requests, levels, usable, missing)[:max_variants])
     if base is None:
         base = plan(snapshot, spec, w, requested_engine=per_engine[0][0].engine, installed=installed)
     ordered: list[Variant] = []
@@ -182,8 +203,8 @@ def candidates(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, *, engi
 
 
 def _engine_variants(engine: str, snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, requests: int,
-                     levels: Sequence[int], decode_rates: Mapping[str, float],
-                     prefill_times: Mapping[str, float], missing: Missing) -> list[Variant]:
+                     levels: Sequence[int], usable: Sequence[Sequence[VariantResult]],
+                     missing: Missing) -> list[Variant]:
     try:
         p = plan(snapshot, spec, w, requested_engine=engine, installed=_installed(missing))
     except (NoEngineError, ValueError) as exc:
@@ -197,8 +218,7 @@ def _engine_variants(engine: str, snapshot: HardwareSnapshot, spec: ModelSpec, w
         return [Variant(engine, p.options, label(p.options, planned=True), 0.0, problem="; ".join(failed))]
     cap = p.capacity
     bound = cap.decode_tokens_per_s if cap else None
-    decode = decode_rates.get(engine) or (bound * ASSUMED_EFFICIENCY if bound else None)
-    prefill = prefill_times.get(engine) or (cap.prefill_seconds if cap else None)
+    decode, prefill = _expected(p, usable)
     cost = estimate_s(engine, decode, prefill, w, requests, levels)
     common = {"predicted_decode": bound, "predicted_prefill": cap.prefill_seconds if cap else None,
               "bytes_per_token": cap.bytes_per_token if cap else None}
