@@ -44,6 +44,10 @@ A = Workload(prompt_tokens=128, output_tokens=64, concurrency=2, context_length=
 B = Workload(prompt_tokens=256, output_tokens=128, concurrency=1, context_length=1024)
 
 
+def _tps(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f} tok/s"
+
+
 def _pct(predicted: float | None, measured: float | None) -> str:
     if not predicted or not measured:
         return "-"
@@ -119,8 +123,8 @@ def main() -> int:
         bound = "-" if r["bound"] is None else f"<= {r['bound']:.1f} tok/s"
         pc = "-" if r["prefill_calibrated"] is None else f"{r['prefill_calibrated'] * 1000:.0f} ms"
         pm = "-" if r["prefill_measured"] is None else f"{r['prefill_measured'] * 1000:.0f} ms"
-        lines.append(f"| {r['workload']} | {r['engine']} | {bound} | {r['calibrated']:.1f} tok/s | "
-                     f"{r['measured']:.1f} tok/s | {ratio} | {within} | {pc} | {pm} |")
+        lines.append(f"| {r['workload']} | {r['engine']} | {bound} | {_tps(r['calibrated'])} | "
+                     f"{_tps(r['measured'])} | {ratio} | {within} | {pc} | {pm} |")
     text = "\n".join(lines)
     print(text)
     (args.out / "calibration.md").write_text(text + "\n")

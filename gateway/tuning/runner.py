@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -32,6 +33,7 @@ from gateway.tuning.record import TUNE_DIR_ENV
 from gateway.tuning.variants import Variant
 
 SERVED = "tune"
+PR_SET_PDEATHSIG = 1
 CHECK_PROMPT = "Say hello in one short sentence."
 Say = Callable[[str], None]
 
@@ -42,6 +44,13 @@ def _config(v: Variant, model: Path, w: Workload) -> str:
         "models": [{"source": str(model), "name": SERVED, "engine": v.engine, "embeddings": False,
                     "max_queue": max(16, 4 * w.concurrency), "options": v.options}],
     })
+
+
+def _die_with_parent() -> None:  # in the child between fork and exec
+    """Linux: the variant's gateway gets SIGTERM (drain, stop its engines) if tune itself is killed."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -92,7 +101,8 @@ class _Gateway:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(self.port),
                  "--log-level", "warning"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                preexec_fn=_die_with_parent)
 
     async def ready(self, timeout_s: float) -> str | None:
         """None once /ready answers 200; else why not (the process exited, or the time ran out)."""

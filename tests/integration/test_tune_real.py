@@ -6,17 +6,21 @@ client talks to it). A llama-server that fails at start and one that is missing 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 import yaml
 
@@ -157,3 +161,44 @@ def test_a_missing_binary_is_reported_not_started(tmp_path: Path) -> None:
     (only,) = record.results
     assert only.status == "not_installed" and "enginegate engines install llama-server" in (only.reason or "")
     assert "not installed" in done.stdout
+
+
+def _variant_processes(tmp: Path, tune_pid: int) -> list[str]:
+    """Processes this run started besides tune itself (they inherit its ENGINEGATE_TEST_MARK): gateways, engines."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "environ"]):
+        with contextlib.suppress(psutil.Error):
+            if p.info["pid"] != tune_pid and (p.info["environ"] or {}).get("ENGINEGATE_TEST_MARK") == str(tmp):
+                found.append(f"{p.info['pid']} {' '.join(p.info['cmdline'] or [])}")
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_tune_stopped_mid_measurement_leaves_no_engine_behind(tmp_path: Path, sig: signal.Signals) -> None:
+    workload = tmp_path / "w.yaml"
+    workload.write_text(yaml.safe_dump({**WORKLOAD, "output_tokens": 64}))
+    env = {**os.environ, "ENGINEGATE_TUNE_DIR": str(tmp_path / "tune"), "ENGINEGATE_TEST_MARK": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "tune", "--workload", str(workload), "--engines",
+                             "llama_server", "--budget-seconds", "120", "--requests", "8"], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = ""
+    deadline = time.monotonic() + 180
+    while "measuring" not in seen and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen += line
+    assert "measuring" in seen, seen
+    assert any("llama-server" in p for p in _variant_processes(tmp_path, proc.pid)), "the variant's gateway and engine should be running now"
+    proc.send_signal(sig)
+    rest = proc.communicate(timeout=120)[1]
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and "interrupted (no record written)" in rest
+        assert not list((tmp_path / "tune").glob("*.json"))
+    left = _variant_processes(tmp_path, proc.pid)
+    deadline = time.monotonic() + 60
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = _variant_processes(tmp_path, proc.pid)
+    assert not left, left
