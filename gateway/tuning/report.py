@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from gateway.planning.measured import VariantResult
@@ -81,12 +82,12 @@ def plot(record: TuneRecord, path: Path) -> None:
                       xytext=(6, 6), fontsize=7)
     handles, labels = left.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    left.legend(unique.values(), unique.keys(), fontsize=8)
+    left.legend(unique.values(), unique.keys(), fontsize=8, markerscale=0.5)
     left.set_xlabel(f"output tokens/s at concurrency {record.workload.concurrency}")
     left.set_ylabel("TTFT p50 (ms)")
     left.set_title("Throughput against first-token latency (area: peak memory)")
     left.grid(True, alpha=0.3)
-    names = [f"{r.engine}\n{r.label}" for r in ok]
+    names = [r.engine + "\n" + "\n".join(textwrap.wrap(r.label, 16)) for r in ok]
     xs = range(len(ok))
     right.bar([x - 0.2 for x in xs], [r.decode_tokens_per_s or 0 for r in ok], width=0.4, label="measured",
               color=[colors[r.engine] for r in ok])
@@ -98,11 +99,12 @@ def plot(record: TuneRecord, path: Path) -> None:
     right.legend(fontsize=8)
     right.grid(True, axis="y", alpha=0.3)
     failed = [r for r in record.results if not r.ok]
-    if failed:
-        fig.text(0.01, 0.01, "not measured: " + "; ".join(f"{r.engine} {r.label} ({r.status})" for r in failed)[:200],
-                 fontsize=7)
     w = record.workload
-    fig.suptitle(f"enginegate tune: {record.model.name}, {w.prompt_tokens} -> {w.output_tokens} tokens, "
-                 f"concurrency {w.concurrency}, {record.host.cpu}", fontsize=9)
+    title = (f"enginegate tune: {record.model.name}, {w.prompt_tokens} -> {w.output_tokens} tokens, "
+             f"concurrency {w.concurrency}, {record.host.cpu}, {record.created}")
+    if failed:
+        title += "\nnot measured: " + "; ".join(f"{r.engine} {r.label} ({r.status.replace('_', ' ')})"
+                                                for r in failed)[:180]
+    fig.suptitle(title, fontsize=9)
     fig.savefig(path, dpi=110)
     plt.close(fig)
