@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from gateway.tuning.runner import Say, measure
 from gateway.tuning.variants import MAX_VARIANTS, Variant, candidates
 
 START_TIMEOUT_S = 300.0
+OVERRUN_S = 10.0
+"""How far past the budget a running variant may go before it is stopped."""
 
 
 @dataclass(frozen=True)
@@ -88,9 +91,19 @@ async def tune(snapshot: HardwareSnapshot, req: TuneRequest, say: Say) -> TuneRe
             results.append(_unmeasured(v, "skipped", f"budget spent: {max(left, 0):.0f} s left, needs ~{need:.0f} s"))
             continue
         say(f"[{i}/{len(cands.variants)}] {v.engine} {v.label}: starting (~{need:.0f} s)")
-        r = await measure(v, req.model, w, slo=req.goodput_slo(), requests=req.per_level(), levels=req.levels(),
-                          start_timeout_s=min(START_TIMEOUT_S, max(30.0, left)), seed=req.seed + i, say=say,
-                          params_active=spec.params_active)
+        # a variant slower than its estimate is stopped when the budget runs out (its gateway stopped too)
+        cap = max(left, need) + OVERRUN_S
+        started = time.perf_counter()
+        try:
+            r = await asyncio.wait_for(
+                measure(v, req.model, w, slo=req.goodput_slo(), requests=req.per_level(), levels=req.levels(),
+                        start_timeout_s=min(START_TIMEOUT_S, max(30.0, left)), seed=req.seed + i, say=say,
+                        params_active=spec.params_active),
+                timeout=cap)
+        except TimeoutError:
+            r = _unmeasured(v, "failed", f"not done within the {cap:.0f} s the budget had left (estimated "
+                                         f"~{need:.0f} s): slower than the budget allows")
+            r = r.model_copy(update={"wall_s": round(time.perf_counter() - started, 1)})
         took[v.engine] = max(took.get(v.engine, 0.0), r.wall_s or 0.0)
         if r.ok:
             alone = f"{r.decode_tokens_per_s:.1f} tokens/s alone, " if r.decode_tokens_per_s else ""
