@@ -81,13 +81,13 @@ class Runtime:
         for backend in self.models:
             started = time.perf_counter()
             log.info("loading %s with %s", backend.model_id, backend.engine)
-            await backend.adapter.start()
+            await backend.start()
             backend.info["load_seconds"] = round(time.perf_counter() - started, 3)
         self.started = True
 
     async def stop(self) -> None:
         self.started = False
-        await asyncio.gather(*(b.adapter.stop() for b in self.models), return_exceptions=True)
+        await asyncio.gather(*(b.stop() for b in self.models), return_exceptions=True)
 
     def summary(self, host: str, port: int) -> str:
         lines = ["enginegate"]

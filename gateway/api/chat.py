@@ -42,5 +42,5 @@ async def chat_completions(request: Request) -> Response:
     check_chat(backend, tools=parsed.tools, response_format=parsed.response_format)
     require(backend, body)
     n = parsed.n or 1
-    fan_out = n_choices(backend.adapter.chat, n) if n > 1 and not backend.adapter.capabilities.n_choices else None
+    fan_out = (lambda adapter: n_choices(adapter.chat, n)) if n > 1 and not backend.adapter.capabilities.n_choices else None
     return await generate(request, backend, "chat", engine_body(parsed), parsed.include_usage, call=fan_out)

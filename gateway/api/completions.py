@@ -18,5 +18,5 @@ async def completions(request: Request) -> Response:
     check_token_ids(parsed.prompt, "prompt", backend.adapter.describe())
     require(backend, body)
     n = parsed.n or 1
-    fan_out = n_choices(backend.adapter.completions, n) if n > 1 and not backend.adapter.capabilities.n_choices else None
+    fan_out = (lambda adapter: n_choices(adapter.completions, n)) if n > 1 and not backend.adapter.capabilities.n_choices else None
     return await generate(request, backend, "completions", engine_body(parsed), parsed.include_usage, call=fan_out)

@@ -28,7 +28,8 @@ from gateway.api.disconnect import ClientGone, unless_disconnected
 from gateway.api.errors import CLIENT_CLOSED, APIError, error_payload, error_response
 from gateway.drain import SHUTTING_DOWN, Drain
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
-from gateway.routing import Backend, QueueFull
+from gateway.api.fanout import Call
+from gateway.routing import Backend, Lease, QueueFull, RouteKey
 from gateway.runtime import Runtime
 from gateway.timing import TimedStream, request_timing
 
@@ -164,12 +165,12 @@ def require(backend: Backend, body: dict[str, Any]) -> None:
         raise APIError(400, f"logprobs are not supported by the {backend.engine} engine", param="logprobs")
 
 
-async def admit(request: Request, backend: Backend) -> float:
-    """Wait for a free engine slot; returns the time waited. A full queue answers 429."""
+async def admit(request: Request, backend: Backend, route: RouteKey | None = None) -> Lease:
+    """Wait for a free engine slot on one of the backend's replicas; a full queue answers 429."""
     m = metrics(request)
     started = time.perf_counter()
     try:
-        await backend.admission.acquire()
+        lease = await backend.acquire(route)
     except QueueFull as exc:
         m.rejected.labels(backend.model_id).inc()
         retry_after = str(runtime(request).settings.retry_after_seconds)
@@ -177,7 +178,7 @@ async def admit(request: Request, backend: Backend) -> float:
     waited = time.perf_counter() - started
     m.queue_wait.labels(backend.model_id).observe(waited)
     request_timing(request.scope).queued += waited
-    return waited
+    return lease
 
 
 async def generate(
@@ -187,19 +188,19 @@ async def generate(
     body: dict[str, Any],
     include_usage: bool,
     dialect: Dialect = CHAT,
-    call: Callable[[dict[str, Any], RequestContext], Awaitable[ChatResult]] | None = None,
+    call: Callable[[Adapter], Call] | None = None,
 ) -> Response:
-    """`call` replaces the adapter's operation (fan-out for n > 1); admission and metrics stay the same."""
+    """`call(adapter)` replaces the adapter's operation (fan-out for n > 1); admission and metrics stay the same."""
     arrived = time.perf_counter()
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
     drain = request.app.state.drain
-    run = call or (lambda b, c: OPERATIONS[operation](backend.adapter, b, c))
+    run = call or (lambda adapter: lambda b, c: OPERATIONS[operation](adapter, b, c))
     work = _admitted_call(request, backend, run, body, ctx)
     try:
         with drain.guard():
             try:
-                result = await unless_disconnected(request.receive, work, lambda r: _discard(r, backend))
+                lease, result = await unless_disconnected(request.receive, work, _discard)
             except asyncio.CancelledError:
                 if not drain.ending():
                     raise
@@ -212,14 +213,14 @@ async def generate(
         log.info("client disconnected before the response to %s; its work was cancelled", backend.model_id)
         return Response(status_code=CLIENT_CLOSED)
     if isinstance(result, Completion):
-        backend.admission.release()
+        lease.release()
         if result.usage is not None:
             _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
         if result.status < 400:
             m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
         return await dialect.complete(result)
     return StreamingResponse(
-        _sse(TimedStream(result, request_timing(request.scope)), backend, m, arrived, dialect.writer(), drain),
+        _sse(TimedStream(result, request_timing(request.scope)), backend, lease, m, arrived, dialect.writer(), drain),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
@@ -228,25 +229,26 @@ async def generate(
 async def _admitted_call(
     request: Request,
     backend: Backend,
-    operation: Callable[[dict[str, Any], RequestContext], Awaitable[ChatResult]],
+    operation: Callable[[Adapter], Call],
     body: dict[str, Any],
     ctx: RequestContext,
-) -> ChatResult:
-    """Wait for a slot, then run the operation; the slot is the caller's to release on success."""
-    await admit(request, backend)
+) -> tuple[Lease, ChatResult]:
+    """Wait for a slot, then run the operation on the leased replica; the lease is the caller's to release on success."""
+    lease = await admit(request, backend)
     try:
         with request_timing(request.scope).upstream_span():
-            return await operation(body, ctx)
+            return lease, await operation(lease.adapter)(body, ctx)
     except BaseException as exc:
-        backend.admission.release()
+        lease.release(exc)
         if isinstance(exc, Exception):
             _count_error(metrics(request), backend, exc)
         raise
 
 
-def _discard(result: ChatResult, backend: Backend) -> None:
+def _discard(leased: tuple[Lease, ChatResult]) -> None:
     """A result nobody will read: free its slot, and close a stream so its generation stops."""
-    backend.admission.release()
+    lease, result = leased
+    lease.release()
     close = getattr(result, "aclose", None)
     if close is not None:
         task = asyncio.ensure_future(close())
@@ -260,6 +262,7 @@ _closing: set[asyncio.Future[Any]] = set()
 async def _sse(
     events: AsyncIterator[StreamEvent],
     backend: Backend,
+    lease: Lease,
     m: GatewayMetrics,
     arrived: float,
     writer: StreamWriter = CHAT_WRITER,
@@ -269,6 +272,7 @@ async def _sse(
     last_at = arrived
     usage = None
     ended = False
+    failure: BaseException | None = None
     drain = drain or Drain(grace=0.0)
     guarded = drain.register()  # the drain may end this stream: an error event, then the end
     try:
@@ -286,6 +290,7 @@ async def _sse(
                     usage = event.usage
                 if event.is_error:
                     m.errors.labels(backend.model_id, "engine_stream").inc()
+                    failure = EngineError("the engine's stream ended with an error", 502)
                 out = writer.event(event)
                 if out:
                     yield out
@@ -301,6 +306,7 @@ async def _sse(
             return
         except (EngineError, UnsupportedError, ClientRequestError) as exc:
             _count_error(m, backend, exc)
+            failure = exc
             ended = True
             status = getattr(exc, "status", 400)
             yield writer.error(status, exc.message)
@@ -308,6 +314,7 @@ async def _sse(
         except Exception as exc:  # never a hung or half-open stream
             log.exception("stream failed")
             _count_error(m, backend, exc)
+            failure = exc
             ended = True
             yield writer.error(500, f"stream failed: {type(exc).__name__}")
             return
@@ -317,7 +324,7 @@ async def _sse(
     finally:
         drain.unregister(guarded)
         await events.aclose()  # type: ignore[attr-defined]
-        backend.admission.release()
+        lease.release(failure)
         if not ended:
             m.disconnects.labels(backend.model_id, backend.engine).inc()
             log.info("client disconnected from a %s stream; generation cancelled", backend.model_id)

@@ -9,10 +9,13 @@ from typing import Any
 from adapters.base import Adapter
 from gateway.planning import Plan
 from gateway.routing.admission import Admission
+from gateway.routing.pool import Lease, Replica, RouteKey
 
 
 @dataclass(slots=True)
 class Backend:
+    """One served model name. `adapter` and `admission` are its first replica's; requests go through `acquire`."""
+
     model_id: str
     adapter: Adapter
     admission: Admission
@@ -20,10 +23,29 @@ class Backend:
     aliases: tuple[str, ...] = ()
     created: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    replicas: list[Replica] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.replicas:
+            self.replicas = [Replica(self.adapter, self.admission)]
 
     @property
     def engine(self) -> str:
         return self.adapter.engine
+
+    async def acquire(self, route: RouteKey | None = None) -> Lease:
+        """Wait for a slot on a replica that can serve the request (QueueFull when none can take it)."""
+        replica = self.replicas[0]
+        await replica.admission.acquire()
+        return Lease(replica)
+
+    async def start(self) -> None:
+        for replica in self.replicas:
+            await replica.adapter.start()
+
+    async def stop(self) -> None:
+        for replica in self.replicas:
+            await replica.adapter.stop()
 
 
 class ModelRegistry:

@@ -75,10 +75,10 @@ async def test_closing_the_sse_stream_early_closes_the_adapter_stream_and_counts
 
     adapter = EchoAdapter()
     backend = Backend(model_id="echo", adapter=adapter, admission=Admission(1, 0))
-    await backend.admission.acquire()
+    lease = await backend.acquire()
     m = GatewayMetrics()
     events = await adapter.chat({**CHAT, "messages": [{"role": "user", "content": "a b c d e f"}]}, RequestContext("r", "echo"))
-    sse = _sse(events, backend, m, 0.0, drain=Drain(grace=1.0))  # type: ignore[arg-type]
+    sse = _sse(events, backend, lease, m, 0.0, drain=Drain(grace=1.0))  # type: ignore[arg-type]
     assert (await sse.__anext__()).startswith(b"data: ")
     assert (await sse.__anext__()).startswith(b"data: ")
     await sse.aclose()  # what Starlette does when the client goes away

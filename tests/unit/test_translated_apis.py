@@ -422,11 +422,11 @@ async def test_a_client_leaving_a_translated_stream_cancels_the_generation_and_s
     for writer in (ResponsesWriter(shell, on_done), MessagesWriter("echo")):
         adapter = EchoAdapter()
         backend = Backend(model_id="echo", adapter=adapter, admission=Admission(1, 0))
-        await backend.admission.acquire()
+        lease = await backend.acquire()
         m = GatewayMetrics()
         body = {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "a b c d e f"}]}
         events = await adapter.chat(body, RequestContext("r", "echo", include_usage=True))
-        sse_stream = _sse(events, backend, m, 0.0, writer)  # type: ignore[arg-type]
+        sse_stream = _sse(events, backend, lease, m, 0.0, writer)  # type: ignore[arg-type]
         first = await sse_stream.__anext__()
         assert first.startswith(b"event: ")
         await sse_stream.__anext__()
