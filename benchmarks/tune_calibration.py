@@ -1,6 +1,6 @@
 """Does calibration hold? Tune once, then plan and measure again: calibrated prediction against measurement.
 
-    python -m benchmarks.tune_calibration [--budget-seconds 180] [--out docs/tune] [--requests 6]
+    python -m benchmarks.tune_calibration [--budget-seconds 200] [--out docs/tune] [--requests 6]
 
 1. Measures this host's copy bandwidth (as `enginegate doctor` does) into a private cache, so the
    planner has its uncalibrated bound; nothing is written to ~/.cache/enginegate.
@@ -65,8 +65,8 @@ async def _measure(p: Plan, w: Workload, requests: int) -> tuple[float | None, f
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget-seconds", type=float, default=180)
-    ap.add_argument("--requests", type=int, default=6, help="requests per re-measurement")
+    ap.add_argument("--budget-seconds", type=float, default=200)
+    ap.add_argument("--requests", type=int, default=6, help="requests per level, in tune and in each re-measurement")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "tune")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -84,7 +84,8 @@ def main() -> int:
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "gateway", "tune", "--workload", str(workload), "--engines", "llamacpp,llama_server",
-         "--budget-seconds", str(args.budget_seconds), "--json", "--plot", str(args.out / "tune.png")],
+         "--budget-seconds", str(args.budget_seconds), "--requests", str(args.requests), "--json",
+         "--plot", str(args.out / "tune.png")],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True, timeout=args.budget_seconds * 3 + 300, check=False)
     tune_s = time.perf_counter() - started
     if done.returncode != 0:
