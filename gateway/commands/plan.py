@@ -77,7 +77,7 @@ def _figures(p: Plan) -> list[str]:
         cal = p.calibration
         if cal is not None and cal.decode_tokens_per_s is not None:
             bound = f"<= {cal.bound_decode_tokens_per_s:.1f}" if cal.bound_decode_tokens_per_s else "unknown"
-            agg = agg.replace("<=", "~")
+            agg = agg.replace("<= ", "~")
             lines.append(f"speed    ~{c.decode_tokens_per_s:.1f} tokens/s per sequence{agg} "
                          f"(calibrated on this host; uncalibrated bound {bound})")
         else:

@@ -42,6 +42,8 @@ class VariantResult(BaseModel):
     predicted_decode_tokens_per_s: float | None = None
     """The planner's uncalibrated bound for this engine here."""
     predicted_prefill_s: float | None = None
+    predicted_aggregate_tokens_per_s: float | None = None
+    """The planner's uncalibrated bound on tokens/s summed over `concurrency` streams."""
     bytes_per_token: int | None = None
     prompt_tokens: int | None = None
     params_active: int | None = None
@@ -84,6 +86,10 @@ class Calibration(BaseModel):
     bound_decode_tokens_per_s: float | None = None
     """The uncalibrated bound this plan had."""
     decode_tokens_per_s: float | None = None
+    aggregate_share: float | None = None
+    """Measured tokens/s over several streams / the planner's aggregate bound for them (None: not measured)."""
+    bound_aggregate_tokens_per_s: float | None = None
+    aggregate_tokens_per_s: float | None = None
     effective_prefill_tflops: float | None = None
     bound_prefill_s: float | None = None
     prefill_s: float | None = None
@@ -95,6 +101,9 @@ class Calibration(BaseModel):
                      f"{self.bound_decode_tokens_per_s:.1f}") if self.bound_decode_tokens_per_s else ""
             parts.append(f"decode ~{self.decode_tokens_per_s:.1f} tokens/s per sequence "
                          f"({self.effective_bandwidth_gbps:.2f} GB/s effective{bound})")
+        if self.aggregate_tokens_per_s is not None:
+            share = f", {self.aggregate_share:.2f} x the bound" if self.aggregate_share is not None else ""
+            parts.append(f"~{self.aggregate_tokens_per_s:.1f} tokens/s over several streams{share}")
         if self.prefill_s is not None:
             bound = f", uncalibrated {self.bound_prefill_s * 1000:.0f} ms" if self.bound_prefill_s else ""
             parts.append(f"prefill ~{self.prefill_s * 1000:.0f} ms ({self.effective_prefill_tflops:.3f} TFLOP/s "

@@ -26,6 +26,8 @@ class EngineFigures:
     records: int
     bandwidth_gbps: float | None
     prefill_tflops: float | None
+    aggregate_share: float | None = None
+    """Tokens/s measured over several streams / the planner's aggregate bound for them."""
 
 
 SPEED_OPTIONS = ("threads", "gpu_layers", "kv_cache_type", "tensor_parallel", "pipeline_parallel", "quantization",
@@ -56,16 +58,24 @@ def _prefill_tflops(r: VariantResult) -> float | None:
     return None
 
 
+def _aggregate_share(r: VariantResult) -> float | None:
+    if r.concurrency > 1 and r.output_tokens_per_s and r.predicted_aggregate_tokens_per_s:
+        return r.output_tokens_per_s / r.predicted_aggregate_tokens_per_s
+    return None
+
+
 def engine_figures(engine: str, per_record: Iterable[Iterable[VariantResult]],
                    options: Mapping[str, Any] | None = None) -> EngineFigures | None:
     """Figures from the newest RECENT records (each given as its results, newest first)."""
     best = [b for results in per_record if (b := best_variant(results, engine, options)) is not None][:RECENT]
     bandwidths = [x for b in best if (x := _bandwidth(b)) is not None]
     flops = [x for b in best if (x := _prefill_tflops(b)) is not None]
+    shares = [x for b in best if (x := _aggregate_share(b)) is not None]
     if not bandwidths and not flops:
         return None
     return EngineFigures(engine, len(best), statistics.median(bandwidths) if bandwidths else None,
-                         statistics.median(flops) if flops else None)
+                         statistics.median(flops) if flops else None,
+                         statistics.median(shares) if shares else None)
 
 
 def calibrate(plan: Plan, figures: EngineFigures) -> Plan:
@@ -78,8 +88,15 @@ def calibrate(plan: Plan, figures: EngineFigures) -> Plan:
     if figures.bandwidth_gbps and cap.bytes_per_token:
         decode = figures.bandwidth_gbps * 1e9 / cap.bytes_per_token
         update["decode_tokens_per_s"] = decode
-        if cap.aggregate_tokens_per_s is not None and cap.bandwidth_gbps:
-            update["aggregate_tokens_per_s"] = cap.aggregate_tokens_per_s * figures.bandwidth_gbps / cap.bandwidth_gbps
+    aggregate = None
+    if cap.aggregate_tokens_per_s is not None and cap.concurrency > 1:
+        # several streams: the measured share of the batched bound; else the bandwidth's scale
+        if figures.aggregate_share is not None:
+            aggregate = cap.aggregate_tokens_per_s * figures.aggregate_share
+        elif figures.bandwidth_gbps and cap.bandwidth_gbps:
+            aggregate = cap.aggregate_tokens_per_s * figures.bandwidth_gbps / cap.bandwidth_gbps
+    if aggregate is not None:
+        update["aggregate_tokens_per_s"] = aggregate
     prefill = None
     params = plan.spec.params_active if plan.spec is not None else None
     if figures.prefill_tflops and params and cap.prompt_tokens:
@@ -93,6 +110,9 @@ def calibrate(plan: Plan, figures: EngineFigures) -> Plan:
         effective_bandwidth_gbps=figures.bandwidth_gbps,
         bound_decode_tokens_per_s=cap.decode_tokens_per_s,
         decode_tokens_per_s=decode,
+        aggregate_share=figures.aggregate_share,
+        bound_aggregate_tokens_per_s=cap.aggregate_tokens_per_s if aggregate is not None else None,
+        aggregate_tokens_per_s=aggregate,
         effective_prefill_tflops=figures.prefill_tflops,
         bound_prefill_s=cap.prefill_seconds,
         prefill_s=prefill,

@@ -57,6 +57,10 @@ def render(record: TuneRecord) -> str:
     return "\n".join(lines)
 
 
+def _short(label: str) -> str:
+    return label.replace("kv_cache_type=", "kv=").replace(" (planned)", " *")
+
+
 def plot(record: TuneRecord, path: Path) -> None:
     """Left: throughput at the workload's concurrency against TTFT p50 (marker area ~ peak memory).
     Right: each variant's decode rate alone, measured against the planner's uncalibrated bound."""
@@ -72,22 +76,27 @@ def plot(record: TuneRecord, path: Path) -> None:
     colors = {e: c for e, c in zip(engines, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"))}
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), constrained_layout=True)
     biggest = max((r.peak_memory_bytes or 0 for r in ok), default=0) or 1
+    fastest = max((r.output_tokens_per_s or 0 for r in ok), default=0)
     for r in ok:
         if r.output_tokens_per_s is None or r.ttft_p50_s is None:
             continue
         size = 60 + 400 * (r.peak_memory_bytes or 0) / biggest
         left.scatter(r.output_tokens_per_s, r.ttft_p50_s * 1000, s=size, color=colors[r.engine], alpha=0.6,
                      edgecolors="black", label=r.engine)
-        left.annotate(r.label, (r.output_tokens_per_s, r.ttft_p50_s * 1000), textcoords="offset points",
-                      xytext=(6, 6), fontsize=7)
+        right_half = r.output_tokens_per_s > 0.6 * fastest
+        note = left.annotate(_short(r.label), (r.output_tokens_per_s, r.ttft_p50_s * 1000),
+                             textcoords="offset points", xytext=(-8 if right_half else 8, 8), fontsize=7,
+                             ha="right" if right_half else "left")
+        note.set_in_layout(False)
     handles, labels = left.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     left.legend(unique.values(), unique.keys(), fontsize=8, markerscale=0.5)
+    left.margins(x=0.15, y=0.15)  # room for the labels beside the points
     left.set_xlabel(f"output tokens/s at concurrency {record.workload.concurrency}")
     left.set_ylabel("TTFT p50 (ms)")
-    left.set_title("Throughput against first-token latency (area: peak memory)")
+    left.set_title("Throughput against first-token latency (area: peak memory; * planned)")
     left.grid(True, alpha=0.3)
-    names = [r.engine + "\n" + "\n".join(textwrap.wrap(r.label, 16)) for r in ok]
+    names = [r.engine + "\n" + "\n".join(textwrap.wrap(_short(r.label), 16)) for r in ok]
     xs = range(len(ok))
     right.bar([x - 0.2 for x in xs], [r.decode_tokens_per_s or 0 for r in ok], width=0.4, label="measured",
               color=[colors[r.engine] for r in ok])

@@ -173,6 +173,7 @@ async def measure(v: Variant, model: Path, w: Workload, *, slo: SLO, requests: i
                   start_timeout_s: float, seed: int, say: Say, params_active: int | None = None) -> VariantResult:
     common = {"engine": v.engine, "label": v.label, "options": v.options, "concurrency": w.concurrency,
               "predicted_decode_tokens_per_s": v.predicted_decode, "predicted_prefill_s": v.predicted_prefill,
+              "predicted_aggregate_tokens_per_s": v.predicted_aggregate,
               "bytes_per_token": v.bytes_per_token, "prompt_tokens": w.prompt_tokens, "params_active": params_active}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="enginegate-tune-") as tmp:

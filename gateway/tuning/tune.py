@@ -64,6 +64,7 @@ def rank(results: Sequence[VariantResult]) -> tuple[VariantResult, ...]:
 def _unmeasured(v: Variant, status: str, reason: str) -> VariantResult:
     return VariantResult(engine=v.engine, label=v.label, options=v.options, status=status, reason=reason,  # type: ignore[arg-type]
                          predicted_decode_tokens_per_s=v.predicted_decode, predicted_prefill_s=v.predicted_prefill,
+                         predicted_aggregate_tokens_per_s=v.predicted_aggregate,
                          bytes_per_token=v.bytes_per_token)
 
 

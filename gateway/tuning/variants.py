@@ -66,6 +66,7 @@ class Variant:
     estimate_s: float
     predicted_decode: float | None = None
     predicted_prefill: float | None = None
+    predicted_aggregate: float | None = None
     bytes_per_token: int | None = None
     problem: str | None = None
     """Why it cannot run (not installed, rejected by a hard constraint): recorded, not started."""
@@ -221,6 +222,7 @@ def _engine_variants(engine: str, snapshot: HardwareSnapshot, spec: ModelSpec, w
     decode, prefill = _expected(p, usable)
     cost = estimate_s(engine, decode, prefill, w, requests, levels)
     common = {"predicted_decode": bound, "predicted_prefill": cap.prefill_seconds if cap else None,
+              "predicted_aggregate": cap.aggregate_tokens_per_s if cap else None,
               "bytes_per_token": cap.bytes_per_token if cap else None}
     out = [Variant(engine, p.options, label(p.options, planned=True), cost, **common)]
     for key, value in _uncertain(engine, p.options, snapshot, w):

@@ -12,7 +12,9 @@ from gateway.tuning.record import TuneRecord
 from gateway.tuning.tune import rank
 from tests.unit.hosts import host
 
-SNAPSHOT = host("build-machine")
+_RECORDED = host("build-machine")
+SNAPSHOT = _RECORDED.model_copy(update={"cpu": _RECORDED.cpu.model_copy(update={"measured_bandwidth_gbps": 14.0})})
+"""The build machine after `enginegate doctor` measured 14 GB/s: the planner has a decode bound."""
 WORKLOAD = Workload(prompt_tokens=32, output_tokens=16, concurrency=2, context_length=512)
 BOTH = installed_set({"llamacpp", "llama_server"})
 
@@ -36,6 +38,7 @@ def result(engine: str, options: dict[str, Any], *, goodput: float, decode: floa
         concurrency=workload.concurrency, output_tokens_per_s=decode * 1.5 if status == "ok" else None,
         goodput_rps=goodput if status == "ok" else None, request_rate=goodput if status == "ok" else None,
         predicted_decode_tokens_per_s=p.capacity.decode_tokens_per_s, bytes_per_token=p.capacity.bytes_per_token,
+        predicted_aggregate_tokens_per_s=p.capacity.aggregate_tokens_per_s,
         prompt_tokens=workload.prompt_tokens, params_active=spec().params_active, peak_memory_bytes=250 << 20)
 
 

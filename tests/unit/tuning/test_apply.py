@@ -108,3 +108,15 @@ def test_the_median_of_recent_records_resists_one_noisy_run() -> None:
     assert tuned.calibration is not None and tuned.calibration.records == 3
     assert tuned.calibration.decode_tokens_per_s == pytest.approx(100.0, rel=0.01)
 
+
+
+def test_several_streams_take_the_measured_share_of_the_batched_bound() -> None:
+    base = planned()
+    assert base.capacity is not None and base.capacity.aggregate_tokens_per_s
+    measured = result("llama_server", base.options, goodput=1.0, decode=90.0)  # 135 tokens/s over 2 streams
+    share = (measured.output_tokens_per_s or 0) / (measured.predicted_aggregate_tokens_per_s or 1)
+    tuned = apply_tuning(base, Tuning(usable=((measured,),)))
+    assert tuned.capacity is not None and tuned.calibration is not None
+    assert tuned.capacity.aggregate_tokens_per_s == pytest.approx(base.capacity.aggregate_tokens_per_s * share)
+    assert tuned.calibration.aggregate_share == pytest.approx(share)
+    assert tuned.calibration.bound_aggregate_tokens_per_s == base.capacity.aggregate_tokens_per_s
