@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMANDS = ("serve", "detect", "plan", "doctor", "bench", "engines")
+COMMANDS = ("serve", "detect", "plan", "doctor", "bench", "engines", "models")
 
 
 def build_parser() -> argparse.ArgumentParser:

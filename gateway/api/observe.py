@@ -16,6 +16,7 @@ from gateway.api.errors import error_response
 from gateway.api.serving import metrics, runtime
 from gateway.metrics import GENERATION_ROUTES, GatewayMetrics
 from gateway.middleware import bearer_token
+from gateway.routing import State
 from gateway.runtime import Runtime
 
 log = logging.getLogger("enginegate.metrics")
@@ -35,6 +36,8 @@ async def refresh(m: GatewayMetrics, rt: Runtime) -> dict[str, bool]:
             slots=backend.admission.concurrency,
             max_queue=backend.admission.max_queue,
         )
+        if backend.lifecycle is not None:
+            m.set_model_state(backend.model_id, backend.lifecycle.state.value, (st.value for st in State))
         m.queue_waiting.labels(backend.model_id).set(backend.admission.waiting)
         m.running.labels(backend.model_id).set(backend.admission.running)
         health = await backend.adapter.health()
@@ -101,12 +104,17 @@ def summarize(m: GatewayMetrics, rt: Runtime, ready: dict[str, bool]) -> dict[st
             "waiting": backend.admission.waiting,
             "slots": backend.admission.concurrency,
             "max_queue": backend.admission.max_queue,
+            **(_lifecycle(backend.lifecycle.view()) if backend.lifecycle is not None else {}),
         }
     overhead = {"sum": 0.0, "count": 0.0}
     for route in GENERATION_ROUTES:
         overhead["sum"] += _samples(m.overhead, "enginegate_overhead_seconds_sum", route=route)
         overhead["count"] += _samples(m.overhead, "enginegate_overhead_seconds_count", route=route)
     return {"time": time.time(), "uptime_seconds": time.time() - m.started_at, "models": models, "overhead_seconds": overhead}
+
+
+def _lifecycle(view: dict[str, Any]) -> dict[str, Any]:
+    return {k: view[k] for k in ("state", "reason", "fallbacks", "pinned") if k in view}
 
 
 @router.get("/v1/gateway/stats")

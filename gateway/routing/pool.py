@@ -7,6 +7,7 @@ the error it ended with, if any, is passed to `release` so health tracking can s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from adapters.base import Adapter
@@ -35,6 +36,8 @@ class Lease:
     """A request's hold on one replica's slot, from admission to the end of its response."""
 
     replica: Replica
+    on_release: Callable[[], None] | None = None
+    """The lifecycle's in-flight count for the model (it is not evicted while a lease is held)."""
     released: bool = field(default=False, init=False)
 
     @property
@@ -46,3 +49,5 @@ class Lease:
             return
         self.released = True
         self.replica.admission.release()
+        if self.on_release is not None:
+            self.on_release()

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters.base import Adapter
 from gateway.planning import Plan
 from gateway.routing.admission import Admission
 from gateway.routing.pool import Lease, Replica, RouteKey
+
+if TYPE_CHECKING:
+    from gateway.routing.lifecycle import EngineChoice, Lifecycles, ModelLifecycle
 
 
 @dataclass(slots=True)
@@ -24,6 +27,8 @@ class Backend:
     created: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     replicas: list[Replica] = field(default_factory=list)
+    lifecycle: ModelLifecycle | None = None
+    lifecycles: Lifecycles | None = None
 
     def __post_init__(self) -> None:
         if not self.replicas:
@@ -34,12 +39,28 @@ class Backend:
         return self.adapter.engine
 
     async def acquire(self, route: RouteKey | None = None) -> Lease:
-        """Wait for a slot on a replica that can serve the request (QueueFull when none can take it)."""
+        """Make sure the model is loaded (ModelUnavailable when it cannot be now), then wait for a
+        slot on a replica that can serve the request (QueueFull when none can take it)."""
+        done = None
+        if self.lifecycle is not None and self.lifecycles is not None:
+            done = await self.lifecycles.acquire(self.lifecycle)
         replica = self.replicas[0]
-        await replica.admission.acquire()
-        return Lease(replica)
+        try:
+            await replica.admission.acquire()
+        except BaseException:
+            if done is not None:
+                done()
+            raise
+        return Lease(replica, done)
+
+    def use(self, choice: EngineChoice) -> None:
+        """Serve with another engine (the lifecycle's fallback): its replicas replace the current ones."""
+        self.replicas = choice.build()
+        self.adapter, self.admission = self.replicas[0].adapter, self.replicas[0].admission
+        self.plan = choice.plan
 
     async def start(self) -> None:
+        """Start every replica; if one fails, those started are stopped by the caller (`stop()`)."""
         for replica in self.replicas:
             await replica.adapter.start()
 
