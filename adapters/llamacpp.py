@@ -170,6 +170,22 @@ class LlamaCppAdapter(Adapter):
                 llm.close()
         self._llm = self._embedder = None
 
+    def memory_bytes(self) -> int | None:
+        """llama.cpp's own figures: its tensors' bytes plus the f16 KV cache its context reserves."""
+        llm = self._llm
+        if llm is None:
+            return None
+        try:
+            import llama_cpp
+
+            model = llm._model.model
+            layers, embd = llama_cpp.llama_model_n_layer(model), llama_cpp.llama_model_n_embd(model)
+            heads, kv_heads = llama_cpp.llama_model_n_head(model), llama_cpp.llama_model_n_head_kv(model)
+            kv = 2 * layers * self.n_ctx * kv_heads * (embd // max(1, heads)) * 2
+            return int(llama_cpp.llama_model_size(model)) + kv
+        except (AttributeError, ImportError, TypeError):  # an older llama-cpp-python without these calls
+            return None
+
     async def health(self) -> Health:
         return Health(ready=self._started and self._llm is not None, detail="" if self._started else "not loaded")
 

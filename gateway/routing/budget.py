@@ -70,7 +70,7 @@ class Shortfall:
 
 
 def gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _used(residents: Iterable[Resident], pool: str) -> int:

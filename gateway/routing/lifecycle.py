@@ -336,9 +336,12 @@ class Lifecycles:
                 for pool, used in footprint.measure_group(pid).items():
                     measured[pool] = measured.get(pool, 0) + used
         if not measured and "ram" in lc.estimate:
-            delta = footprint.own_rss() - rss_before
-            if delta > 0:
-                measured["ram"] = delta
+            # In-process: the gateway's RSS growth over the load, or the engine's own figure where
+            # that is larger (memory freed by an earlier model is reused without growing the RSS).
+            reported = sum(r.adapter.memory_bytes() or 0 for r in lc.backend.replicas)
+            used = max(footprint.own_rss() - rss_before, reported)
+            if used > 0:
+                measured["ram"] = used
         lc.measured = measured or None
         self.observer.model_footprint(lc.name, sum(lc.estimate.values()), sum(measured.values()) if measured else None)
 
@@ -349,6 +352,7 @@ class Lifecycles:
         finally:
             lc.state, lc.reason, lc.draining = State.UNLOADED, f"unloaded ({why})", False
             lc.loaded_at = None
+            footprint.release_freed_memory()
             self.observer.model_evicted(lc.name, why)
             log.info("model %s unloaded (%s)", lc.name, why)
             self._notify()
