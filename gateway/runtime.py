@@ -126,6 +126,8 @@ class Runtime:
                 lines.append(f"  user:   {override.describe()}")
             for warning in plan.warnings if plan is not None else ():
                 lines.append(f"  note:   {warning}")
+            if b.lifecycle is not None:
+                lines.append(f"  load:   {_load_line(b.lifecycle)}")
         lines.append(f"  listen: http://{host}:{port}/v1  (OpenAI-compatible; metrics at /metrics)")
         return "\n".join(lines)
 
@@ -145,6 +147,14 @@ def _remote_backend(config: ModelConfig, engine: EngineSpec, first: bool) -> Bac
         created=int(time.time()),
         info={"origin": "remote", "path": adapter.describe().get("base_url", "")},
     )
+
+
+def _load_line(lc: ModelLifecycle) -> str:
+    when = {"loaded": "loaded", "failed": f"failed: {lc.reason}"}.get(lc.state.value, "on its first request")
+    extras = [x for x in ("pinned" if lc.pinned else "", f"unloaded after {lc.ttl_seconds:g} s idle" if lc.ttl_seconds else "",
+                          " ".join(f"{p} {gib(n)}" for p, n in lc.charges.items())) if x]
+    fell = [f"{f.engine} failed ({f.reason})" for f in lc.failures]
+    return "; ".join([when, *extras, *fell])
 
 
 def _add(models: ModelRegistry, backend: Backend) -> None:
