@@ -33,19 +33,19 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 @router.post("/admin/models/{model:path}/load")
 async def load(request: Request, model: str) -> dict[str, Any]:
-    lc = _lifecycle(request, model)
-    try:
-        await runtime(request).lifecycles.load(lc)
-    except ModelUnavailable as exc:
-        raise APIError(503, exc.reason, code=exc.code, headers={"Retry-After": str(exc.retry_after)}) from exc
-    return {"model": lc.name, **lc.view()}
+    return await _act(request, model, "load")
 
 
 @router.post("/admin/models/{model:path}/unload")
 async def unload(request: Request, model: str) -> dict[str, Any]:
+    return await _act(request, model, "unload")
+
+
+async def _act(request: Request, model: str, action: str) -> dict[str, Any]:
     lc = _lifecycle(request, model)
+    lifecycles = runtime(request).lifecycles
     try:
-        await runtime(request).lifecycles.unload(lc)
+        await (lifecycles.load(lc) if action == "load" else lifecycles.unload(lc))
     except ModelUnavailable as exc:
         raise APIError(503, exc.reason, code=exc.code, headers={"Retry-After": str(exc.retry_after)}) from exc
     return {"model": lc.name, **lc.view()}
