@@ -279,9 +279,17 @@ class Lifecycles:
     async def _evict_then_load(self, lc: ModelLifecycle, victims: Sequence[ModelLifecycle]) -> None:
         try:
             for v in victims:
-                await self._stop(v, "budget")
+                try:
+                    await self._stop(v, "budget")
+                except Exception as exc:  # its engine did not stop cleanly: it is marked unloaded all the same
+                    log.warning("model %s: unloading it raised %s", v.name, exc)
             await self._load(lc)
+        except Exception as exc:
+            log.exception("loading %s failed", lc.name)
+            lc.state, lc.reason, lc.failed_at = State.FAILED, f"{type(exc).__name__}: {exc}", time.monotonic()
         finally:
+            if lc.state is State.LOADING:  # cancelled (shutdown): never left half-way
+                lc.state = State.UNLOADED
             self._notify()
 
     async def _load(self, lc: ModelLifecycle) -> None:

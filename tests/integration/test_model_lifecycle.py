@@ -241,3 +241,21 @@ def test_configuration_that_can_never_work_is_refused_at_start_up_with_the_figur
                                memory_budget={"ram_bytes": 150 * MiB}))
     with pytest.raises(PlanningError, match="model id 'a' is configured twice"):
         Runtime.build(Settings(models=(model("a"), model("a"))))
+
+
+async def test_stopping_the_gateway_during_a_load_leaves_no_engine_process() -> None:
+    pid = None
+    async with served([model("s", engine="llama_server"), model("a")], TWO_FIT) as (client, rt):
+        pending = asyncio.create_task(chat(client, "s"))
+        adapter = rt.models.get("s").adapter  # type: ignore[union-attr]
+        for _ in range(2000):
+            pid = adapter.process.pid  # type: ignore[attr-defined]
+            if pid is not None or pending.done():
+                break
+            await asyncio.sleep(0.005)
+        assert pid is not None and rt.lifecycles.models["s"].state.value in ("loading", "loaded")
+    pending.cancel()
+    with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+        await pending
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
