@@ -47,10 +47,12 @@ def group_rss(pgid: int) -> int | None:
     found = False
     for pid in group_pids(pgid):
         try:
-            total += psutil.Process(pid).memory_info().rss
-            found = True
+            rss = psutil.Process(pid).memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+        if rss:  # a zombie (exited, not yet reaped) holds nothing
+            total += rss
+            found = True
     return total if found else None
 
 
