@@ -102,7 +102,7 @@ class RestartPolicy:
     window: float = 300.0
 
 
-READY_PROBE_MIN_GAP = 0.02
+READY_PROBE_MIN_GAP = 0.01
 """Seconds between readiness probes prompted by the engine's own output."""
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from adapters.base import EngineError
+from adapters.server import ServerAdapter
 from gateway.routing import budget, footprint
 from gateway.routing.budget import Charges, Fit, Refuse, Resident, Wait
 
@@ -320,8 +321,8 @@ class Lifecycles:
                     lc.state, lc.reason = State.UNLOADED, "load cancelled"
                     raise
                 lc.load_seconds = time.perf_counter() - started
-                self._measure(lc, rss_before)
                 lc.state, lc.reason = State.LOADED, ""
+                self._measure(lc, rss_before)
                 lc.loads += 1
                 lc.loaded_at = lc.last_used = time.monotonic()
                 lc.draining = False
@@ -337,21 +338,34 @@ class Lifecycles:
             lc.active = 0
 
     def _measure(self, lc: ModelLifecycle, rss_before: int) -> None:
+        """Replace the estimate by a measurement: an engine server's process groups, measured off the
+        event loop after the model is already serving; an in-process engine's RSS growth over its load
+        (taken now, before requests change it), or the engine's own figure where that is larger
+        (memory an earlier model freed is reused without growing the RSS)."""
+        groups = [r.adapter.process.pid for r in lc.backend.replicas
+                  if isinstance(r.adapter, ServerAdapter) and r.adapter.process.pid is not None]
+        if groups:
+            self._spawn(self._measure_groups(lc, groups))
+            return
+        if "ram" not in lc.estimate:
+            return
+        reported = sum(r.adapter.memory_bytes() or 0 for r in lc.backend.replicas)
+        used = max(footprint.own_rss() - rss_before, reported)
+        if used > 0:
+            self._measured(lc, {"ram": used})
+
+    async def _measure_groups(self, lc: ModelLifecycle, groups: list[int]) -> None:
         measured: dict[str, int] = {}
-        for replica in lc.backend.replicas:
-            pid = getattr(getattr(replica.adapter, "process", None), "pid", None)
-            if isinstance(pid, int):
-                for pool, used in footprint.measure_group(pid).items():
-                    measured[pool] = measured.get(pool, 0) + used
-        if not measured and "ram" in lc.estimate:
-            # In-process: the gateway's RSS growth over the load, or the engine's own figure where
-            # that is larger (memory freed by an earlier model is reused without growing the RSS).
-            reported = sum(r.adapter.memory_bytes() or 0 for r in lc.backend.replicas)
-            used = max(footprint.own_rss() - rss_before, reported)
-            if used > 0:
-                measured["ram"] = used
-        lc.measured = measured or None
-        self.observer.model_footprint(lc.name, sum(lc.estimate.values()), sum(measured.values()) if measured else None)
+        for pgid in groups:
+            for pool, used in (await asyncio.to_thread(footprint.measure_group, pgid)).items():
+                measured[pool] = measured.get(pool, 0) + used
+        if measured and lc.state is State.LOADED:
+            self._measured(lc, measured)
+            self._notify()
+
+    def _measured(self, lc: ModelLifecycle, measured: dict[str, int]) -> None:
+        lc.measured = measured
+        self.observer.model_footprint(lc.name, sum(lc.estimate.values()), sum(measured.values()))
 
     async def _stop(self, lc: ModelLifecycle, why: str) -> None:
         lc.state = State.UNLOADING

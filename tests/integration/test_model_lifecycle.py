@@ -193,7 +193,11 @@ async def test_two_alternating_clients_do_not_reload_per_request() -> None:
 async def test_llama_server_is_evicted_without_an_orphan_and_starts_again() -> None:
     async with served([model("s", engine="llama_server"), model("a")], ONE_FITS) as (client, rt):
         assert (await chat(client, "s")).status_code == 200
-        view = (await client.get("/v1/gateway/plan")).json()["models"]["s"]
+        for _ in range(500):  # an engine server's process group is measured just after it starts serving
+            view = (await client.get("/v1/gateway/plan")).json()["models"]["s"]
+            if view["footprint"]["measured_bytes"]:
+                break
+            await asyncio.sleep(0.01)
         assert view["engine"] == "llama_server" and view["footprint"]["measured_bytes"]["ram"] > 50 * MiB
         pid = rt.models.get("s").adapter.process.pid  # type: ignore[union-attr]
         assert pid is not None
