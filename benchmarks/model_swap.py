@@ -105,7 +105,7 @@ def direct_llama_server(client: httpx.Client) -> float:
         proc.wait(timeout=30)
 
 
-def swap_cost(runs: int) -> list[tuple[str, float, float]]:
+def swap_cost(runs: int) -> list[tuple[str, float, float, float, float]]:
     rows = []
     with gateway(config_yaml=MODELS_YAML.replace("{batch}", "16")) as gw, httpx.Client(timeout=300) as client:
         for model, direct in (("inproc", direct_llamacpp), ("server", lambda: direct_llama_server(client))):
@@ -115,7 +115,7 @@ def swap_cost(runs: int) -> list[tuple[str, float, float]]:
                 for name in ("inproc", "server"):
                     client.post(f"{gw.url}/admin/models/{name}/unload").raise_for_status()
                 through_s.append(first_token(client, gw.url, model))
-            rows.append((model, statistics.median(direct_s), statistics.median(through_s)))
+            rows.append((model, statistics.median(direct_s), statistics.median(through_s), min(direct_s), min(through_s)))
     return rows
 
 
@@ -154,10 +154,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=100)
     args = parser.parse_args()
     print(f"swap cost: request for an unloaded model -> first token (median of {args.runs}; ctx {CTX}, {THREADS} thread)")
-    print(f"{'engine':<28} {'direct load+1st token':>22} {'through gateway':>16} {'added':>10}")
-    for model, direct_s, through_s in swap_cost(args.runs):
+    print(f"{'engine':<22} {'direct load+1st token':>22} {'through gateway':>16} {'added':>9} {'added (fastest runs)':>21}")
+    for model, direct_s, through_s, direct_min, through_min in swap_cost(args.runs):
         name = "in-process llama.cpp" if model == "inproc" else "llama-server"
-        print(f"{name:<28} {direct_s * 1000:>19.0f} ms {through_s * 1000:>13.0f} ms {(through_s - direct_s) * 1000:>+7.0f} ms")
+        print(f"{name:<22} {direct_s * 1000:>19.0f} ms {through_s * 1000:>13.0f} ms {(through_s - direct_s) * 1000:>+6.0f} ms"
+              f" {(through_min - direct_min) * 1000:>+18.0f} ms")
     print(f"\ntwo models alternating, 4 clients, {args.requests} requests, RAM budget for one:")
     print(f"{'rule':<34} {'loads per 100 requests':>22} {'wall':>8} {'ok':>5}")
     rows = thrash(args.requests)

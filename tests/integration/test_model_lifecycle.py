@@ -263,3 +263,19 @@ async def test_stopping_the_gateway_during_a_load_leaves_no_engine_process() -> 
         await pending
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+async def test_a_client_that_gives_up_during_the_load_does_not_stop_it() -> None:
+    async with served([model("a"), model("b")], TWO_FIT) as (client, rt):
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/v1/chat/completions", timeout=0.05, json={
+                "model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        lc = rt.lifecycles.models["a"]
+        for _ in range(1000):
+            if lc.state.value == "loaded" and lc.wanting == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert lc.state.value == "loaded" and lc.wanting == 0 and lc.in_flight == 0
+        assert (await chat(client, "a")).status_code == 200
+        text = (await client.get("/metrics")).text
+        assert metric(text, "enginegate_model_loads_total", model="a") == 1
