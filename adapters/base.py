@@ -196,6 +196,10 @@ class Adapter(abc.ABC):
         """The engine's own /v1/responses (capabilities.responses), stateless: the gateway keeps the state."""
         raise UnsupportedError(f"{self.engine} does not serve the Responses API natively")
 
+    def ready_now(self) -> bool | None:
+        """Whether the engine serves now, known without I/O (a supervised process's state); None: unknown."""
+        return None
+
     async def engine_stats(self) -> EngineStats | None:
         """The engine's own metrics (queue, KV cache, tokens), polled by the gateway."""
         return None

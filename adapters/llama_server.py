@@ -18,6 +18,7 @@ from adapters import llamacpp
 from adapters.base import Capabilities, Completion, EngineError, RequestContext
 from adapters.config import EngineConfig
 from adapters.launch import LaunchConfigError, strings
+from adapters.openai_http import UpstreamConnectionError
 from adapters.paths import bin_dir
 from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState
 from adapters.server import ROUTES, ServerAdapter
@@ -138,6 +139,16 @@ class LlamaServerAdapter(ServerAdapter):
         result = await self._forward(ROUTES["embeddings"], {**body, "stream": False}, ctx, self._embedder)
         assert isinstance(result, Completion)
         return result
+
+    async def props(self) -> bytes | None:
+        """llama-server's /props (its slot count, context, model), or None while it does not serve."""
+        if self.process.state is not ProcessState.READY:
+            return None
+        try:
+            status, raw = await self.relay.get(await self._upstream(), "/props", timeout=5.0)
+        except (UpstreamConnectionError, OSError, TimeoutError, EngineError):
+            return None
+        return raw if status == 200 else None
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()

@@ -75,10 +75,14 @@ class ServerAdapter(Adapter):
         self.upstream_model = self.server.upstream_model(config) if self.server.upstream_model else None
         self.relay = Relay(self.engine, timeouts_from(self.options))
         self.ready_wait = float(self.options.get("ready_wait", 60.0))
+        self.wait_for_restart = bool(self.options.get("wait_for_restart", True))
+        """False for one of several replicas: a request the dead engine never answered fails at once,
+        so the gateway retries it on another replica instead of waiting for this one's restart."""
         self.process = self._new_process(self.launch, role="")
 
     def _new_process(self, launch: Any, role: str) -> ManagedProcess:
-        suffix = f"-{role}" if role else ""
+        # `instance` names one of several replicas of the model (their logs and processes apart)
+        suffix = "".join(f"-{part}" for part in (self.options.get("instance"), role) if part)
         return ManagedProcess(
             f"{self.engine}:{self.served}{suffix}",
             launch,
@@ -141,6 +145,9 @@ class ServerAdapter(Adapter):
         finally:
             await self.relay.aclose()
 
+    def ready_now(self) -> bool | None:
+        return self.process.state is ProcessState.READY
+
     async def health(self) -> Health:
         state = self.process.state
         detail = state.value + (f": {self.process.detail}" if self.process.detail else "")
@@ -157,7 +164,8 @@ class ServerAdapter(Adapter):
             # byte): the supervisor is restarting it, so wait for that and send once more. A
             # request that itself crashes the engine fails on that second try, with no loop.
             # (A dying process closes its sockets a moment before its exit can be seen.)
-            if exc.code not in ("engine_unreachable", "engine_reset") or not await self._died(process):
+            if (not self.wait_for_restart or exc.code not in ("engine_unreachable", "engine_reset")
+                    or not await self._died(process)):
                 raise
         endpoint = process.endpoint
         deadline = asyncio.get_running_loop().time() + self.ready_wait

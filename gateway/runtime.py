@@ -18,11 +18,11 @@ from adapters import registry
 from adapters.base import Adapter, EngineError
 from adapters.config import EngineConfig, resolve_options
 from adapters.spec import EngineSpec
-from gateway import hardware, loading, modelsource, planning
+from gateway import hardware, loading, modelsource, planning, tuning
 from gateway.config import ModelConfig, Settings
 from gateway.hardware import HardwareSnapshot
 from gateway.planning import Plan
-from gateway.routing import Admission, Backend, Lifecycles, ModelLifecycle, ModelRegistry, Replica
+from gateway.routing import Admission, Backend, Lifecycles, ModelLifecycle, ModelRegistry, Replica, replicas
 from gateway.routing.budget import gib
 
 log = logging.getLogger("enginegate")
@@ -65,7 +65,7 @@ class Runtime:
                 continue
             resolved = modelsource.resolve(config.source)
             model_id = config.name or resolved.default_id
-            plan = _plan(snapshot, Path(resolved.path), config.engine)
+            plan = _plan(snapshot, Path(resolved.path), config.engine, config.workload)
             user = user_settings(config)
             if plan is not None:
                 plan = planning.apply_user(plan, user, snapshot)
@@ -86,6 +86,7 @@ class Runtime:
                 created=int(time.time()),
                 info={"origin": resolved.origin, "path": str(resolved.path)},
                 replicas=replicas,
+                routing=config.routing,
             )
             _add(models, backend)
             lifecycles.add(ModelLifecycle(backend, choices[0].charges, choices, pinned=config.pinned,
@@ -122,6 +123,9 @@ class Runtime:
             why = plan.summary() if plan is not None else b.engine
             lines.append(f"  model:  {b.model_id} <- {b.info.get('path', '?')}")
             lines.append(f"  engine: {why}")
+            if len(b.replicas) > 1:
+                each = ", ".join(f"{r.adapter.engine} ({r.admission.concurrency or 'no cap'} slots)" for r in b.replicas)
+                lines.append(f"  replicas: {len(b.replicas)}: {each}; balance {b.routing.balance}, affinity {b.routing.affinity}")
             for override in plan.overridden if plan is not None else ():
                 lines.append(f"  user:   {override.describe()}")
             for warning in plan.warnings if plan is not None else ():
@@ -136,16 +140,17 @@ def _remote_backend(config: ModelConfig, engine: EngineSpec, first: bool) -> Bac
     """A model served elsewhere (engine: openai): nothing to resolve or plan here."""
     model_id = config.name or config.source
     adapter_config = engine_config(config, engine, {}, source=config.source, name=model_id)
-    adapter = _create(engine, adapter_config)
-    concurrency = int(adapter_config.options.get("max_concurrency", engine.default_concurrency))
+    replicas = _replicas(config, engine, adapter_config, config.source, model_id)
     aliases = tuple(config.aliases) + (("default",) if first else ())
     return Backend(
         model_id=model_id,
-        adapter=adapter,
-        admission=Admission(concurrency=concurrency, max_queue=config.max_queue),
+        adapter=replicas[0].adapter,
+        admission=replicas[0].admission,
         aliases=tuple(dict.fromkeys(a for a in aliases if a != model_id)),
         created=int(time.time()),
-        info={"origin": "remote", "path": adapter.describe().get("base_url", "")},
+        info={"origin": "remote", "path": replicas[0].adapter.describe().get("base_url", "")},
+        replicas=replicas,
+        routing=config.routing,
     )
 
 
@@ -165,17 +170,39 @@ def _add(models: ModelRegistry, backend: Backend) -> None:
 
 
 def _replica_builder(config: ModelConfig, source: str, model_id: str) -> loading.ReplicaBuilder:
-    """How this model's replicas are built on one engine (one replica; issue 15 makes it N)."""
+    """How this model's replicas are built on one engine: the plan's first choice with the user's
+    options and `backends:`, a fallback engine with its own planned options and no `backends:`."""
 
     def build(engine: EngineSpec, plan: Plan | None, user_options: bool) -> list[Replica]:
         planned = plan.options if plan is not None else {}
-        cfg = config if user_options else config.model_copy(update={"options": {}})
+        cfg = config if user_options else config.model_copy(update={"options": {}, "backends": ()})
         adapter_config = engine_config(cfg, engine, planned, source=source, name=model_id)
-        adapter = _create(engine, adapter_config)
-        admission = Admission(concurrency=_concurrency(engine, adapter_config.options), max_queue=config.max_queue)
-        return [Replica(adapter, admission)]
+        return _replicas(cfg, engine, adapter_config, source, model_id)
 
     return build
+
+
+def _replicas(config: ModelConfig, engine: EngineSpec, primary: EngineConfig, source: str, model_id: str) -> list[Replica]:
+    """The model's engine instances (`replicas: N`, then `backends:`), each with its own adapter and admission."""
+    entries: list[tuple[str, dict[str, Any], dict[str, Any], bool]] = []
+    for entry in config.backends:
+        try:
+            spec = registry.spec(entry.engine)
+        except registry.UnknownEngineError as exc:
+            raise PlanningError(f"model {model_id!r} backends: {exc}") from exc
+        entry_config = config.model_copy(update={"engine": entry.engine, "options": {**config.options, **entry.options}}
+                                         if spec.local_weights else {"engine": entry.engine, "options": dict(entry.options)})
+        options = engine_config(entry_config, spec, {}, source=source, name=model_id).options
+        entries += [(spec.name, dict(options), user_settings(entry_config), spec.local_weights)] * entry.replicas
+    found = replicas.instances(config, engine.name, primary.options, user_settings(config), entries)
+
+    def create(instance: replicas.Instance) -> Adapter:
+        spec = registry.spec(instance.engine)
+        src = source if spec.local_weights or instance.engine == engine.name else model_id
+        return _create(spec, EngineConfig(source=src, name=model_id, options=instance.options,
+                                          embeddings=config.embeddings, chat_format=config.chat_format))
+
+    return replicas.build(found, create, config)
 
 
 class PlanningError(Exception):
@@ -189,7 +216,8 @@ def _create(engine: EngineSpec, config: EngineConfig) -> Adapter:
         raise PlanningError(f"model {config.served!r} ({engine.name}): {exc}") from exc
 
 
-def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str) -> Plan | None:
+def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str,
+          workload: planning.Workload | None = None) -> Plan | None:
     """The plan; None when the user named the engine and the model's files cannot be sized."""
     try:
         spec = planning.load_spec(path)
@@ -199,16 +227,12 @@ def _plan(snapshot: HardwareSnapshot, path: Path, requested_engine: str) -> Plan
         log.warning("serving %s with %s unplanned: %s", path, requested_engine, exc)
         return None
     try:
-        return planning.plan(snapshot, spec, requested_engine=requested_engine)
+        # the tune record for this host and model, if any: measured engine and options, calibrated speed
+        workload = workload or planning.Workload()
+        return tuning.apply_tuning(planning.plan(snapshot, spec, workload, requested_engine=requested_engine),
+                                   tuning.lookup(snapshot, path, workload))
     except (planning.NoEngineError, ValueError) as exc:
         raise PlanningError(str(exc)) from exc
-
-
-def _concurrency(engine: EngineSpec, options: Mapping[str, Any]) -> int:
-    """llama.cpp's slots are exact; batching engines get at least their default (they queue themselves)."""
-    if options.get("parallel"):
-        return int(options["parallel"])
-    return max(int(options.get("max_concurrency") or 0), engine.default_concurrency)
 
 
 USER_FIELDS = ("context_length", "threads", "gpu_layers")

@@ -27,7 +27,7 @@ async def ready(request: Request) -> Response:
     operator = authorized(request.scope, tuple(k.encode() for k in settings.api_keys))
     models: dict[str, Any] = {}
     for backend in rt.models:
-        h = await backend.adapter.health()
+        h = await backend.health()
         detail = h.detail if operator else _INTERNAL.sub(lambda m: f"{m.group(1)} *" if m.group(1) else "*", h.detail)
         state = backend.lifecycle.state.value if backend.lifecycle is not None else None
         models[backend.model_id] = {"engine": backend.engine, "ready": h.ready, "state": state, "detail": detail}

@@ -16,7 +16,8 @@ from gateway.api.errors import error_response
 from gateway.api.serving import metrics, runtime
 from gateway.metrics import GENERATION_ROUTES, GatewayMetrics
 from gateway.middleware import bearer_token
-from gateway.routing import State
+from gateway.routing import Backend, State
+from gateway.routing.health import BreakerState
 from gateway.runtime import Runtime
 
 log = logging.getLogger("enginegate.metrics")
@@ -33,24 +34,41 @@ async def refresh(m: GatewayMetrics, rt: Runtime) -> dict[str, bool]:
             backend.model_id,
             backend.engine,
             backend.plan if backend.plan is not None else rt.plans.get(backend.model_id),
-            slots=backend.admission.concurrency,
-            max_queue=backend.admission.max_queue,
+            slots=-1 if backend.slots is None else backend.slots,
+            max_queue=backend.max_queue,
         )
         if backend.lifecycle is not None:
             m.set_model_state(backend.model_id, backend.lifecycle.state.value, (st.value for st in State))
-        m.queue_waiting.labels(backend.model_id).set(backend.admission.waiting)
-        m.running.labels(backend.model_id).set(backend.admission.running)
-        health = await backend.adapter.health()
+        m.queue_waiting.labels(backend.model_id).set(backend.waiting)
+        m.running.labels(backend.model_id).set(backend.running)
+        health = await backend.health()
         ready[backend.model_id] = health.ready
         m.model_ready.labels(backend.model_id, backend.engine).set(1 if health.ready else 0)
         try:
-            stats = await asyncio.wait_for(backend.adapter.engine_stats(), STATS_TIMEOUT_S)
+            stats = await asyncio.wait_for(backend.engine_stats(), STATS_TIMEOUT_S)
         except Exception as exc:  # TimeoutError included: a slow engine must not stall the scrape
             log.debug("engine stats for %s unavailable: %s", backend.model_id, exc)
             stats = None
         if stats is not None:
             m.set_engine_stats(backend.model_id, backend.engine, stats)
+        _refresh_replicas(m, backend)
     return ready
+
+
+def _refresh_replicas(m: GatewayMetrics, backend: Backend) -> None:
+    """Per-replica state (issue 15): load, slots, breaker."""
+    for replica in backend.replicas:
+        labels = (backend.model_id, replica.name)
+        m.replica_outstanding.labels(*labels).set(replica.outstanding)
+        slots = replica.admission.concurrency
+        m.replica_slots.labels(*labels).set(-1 if slots is None else slots)
+        up = replica.breaker.state is not BreakerState.OPEN and not replica.down()
+        m.replica_up.labels(*labels, replica.adapter.engine).set(1 if up else 0)
+        for state in BreakerState:
+            m.replica_breaker.labels(*labels, state.value).set(1 if replica.breaker.state is state else 0)
+        m.replica_breaker_opens.labels(*labels).set(replica.breaker.opens)
+        first_reason = backend.routing.balance if backend.routing.affinity == "none" else "affinity"
+        m.routing_decisions.labels(*labels, first_reason)  # exists at zero from the first scrape
 
 
 def _authorized(request: Request, key: str) -> bool:
@@ -100,10 +118,12 @@ def summarize(m: GatewayMetrics, rt: Runtime, ready: dict[str, bool]) -> dict[st
             "ttft_seconds": _histogram(m.ttft, "enginegate_time_to_first_token_seconds", mid),
             "tpot_seconds": _histogram(m.tpot, "enginegate_time_per_output_token_seconds", mid),
             "e2e_seconds": _histogram(m.e2e, "enginegate_e2e_request_latency_seconds", mid),
-            "running": backend.admission.running,
-            "waiting": backend.admission.waiting,
-            "slots": backend.admission.concurrency,
-            "max_queue": backend.admission.max_queue,
+            "running": backend.running,
+            "waiting": backend.waiting,
+            "slots": backend.slots,
+            "max_queue": backend.max_queue,
+            "routing": backend.routing.model_dump(include={"balance", "affinity", "load_factor"}),
+            "replicas": [replica.status() for replica in backend.replicas],
             **(_lifecycle(backend.lifecycle.view()) if backend.lifecycle is not None else {}),
         }
     overhead = {"sum": 0.0, "count": 0.0}

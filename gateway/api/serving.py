@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any, Protocol, TypeVar
 
 import orjson
@@ -29,7 +29,9 @@ from gateway.api.errors import CLIENT_CLOSED, APIError, error_payload, error_res
 from gateway.drain import SHUTTING_DOWN, Drain
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.api.fanout import Call
-from gateway.routing import Backend, Lease, ModelUnavailable, QueueFull, RouteKey
+from gateway.routing import Backend, Lease, ModelUnavailable, QueueFull, Replica, RouteKey
+from gateway.routing.health import is_retryable
+from gateway.routing.route_key import route_key
 from gateway.runtime import Runtime
 from gateway.timing import TimedStream, request_timing
 
@@ -165,7 +167,8 @@ def require(backend: Backend, body: dict[str, Any]) -> None:
         raise APIError(400, f"logprobs are not supported by the {backend.engine} engine", param="logprobs")
 
 
-async def admit(request: Request, backend: Backend, route: RouteKey | None = None) -> Lease:
+async def admit(request: Request, backend: Backend, route: RouteKey | None = None,
+                exclude: Collection[Replica] = ()) -> Lease:
     """Wait for the model to be loaded and a free engine slot on one of its replicas.
 
     A full queue answers 429; a model that cannot be loaded now (memory held by pinned or busy
@@ -173,7 +176,7 @@ async def admit(request: Request, backend: Backend, route: RouteKey | None = Non
     m = metrics(request)
     started = time.perf_counter()
     try:
-        lease = await backend.acquire(route)
+        lease = await backend.acquire(route, exclude=exclude)
     except ModelUnavailable as exc:
         m.rejected.labels(backend.model_id).inc()
         raise APIError(503, exc.reason, code=exc.code, headers={"Retry-After": str(exc.retry_after)}) from exc
@@ -183,8 +186,16 @@ async def admit(request: Request, backend: Backend, route: RouteKey | None = Non
         raise APIError(429, f"model `{backend.model_id}` is busy: {exc}", code="queue_full", headers={"Retry-After": retry_after}) from exc
     waited = time.perf_counter() - started
     m.queue_wait.labels(backend.model_id).observe(waited)
+    m.routing_decisions.labels(backend.model_id, lease.replica.name, lease.reason or "least_outstanding").inc()
     request_timing(request.scope).queued += waited
     return lease
+
+
+def request_route(request: Request, backend: Backend, body: dict[str, Any]) -> RouteKey | None:
+    """The request's session and prefix keys, when its model routes by affinity over several replicas."""
+    if backend.routing.affinity == "none" or len(backend.replicas) < 2:
+        return None
+    return route_key(body, request.headers, backend.routing.session_header, backend.routing.prefix_chars)
 
 
 async def generate(
@@ -202,7 +213,7 @@ async def generate(
     m = metrics(request)
     drain = request.app.state.drain
     run = call or (lambda adapter: lambda b, c: OPERATIONS[operation](adapter, b, c))
-    work = _admitted_call(request, backend, run, body, ctx)
+    work = _admitted_call(request, backend, run, body, ctx, request_route(request, backend, body))
     try:
         with drain.guard():
             try:
@@ -238,17 +249,30 @@ async def _admitted_call(
     operation: Callable[[Adapter], Call],
     body: dict[str, Any],
     ctx: RequestContext,
+    route: RouteKey | None = None,
 ) -> tuple[Lease, ChatResult]:
-    """Wait for a slot, then run the operation on the leased replica; the lease is the caller's to release on success."""
-    lease = await admit(request, backend)
-    try:
-        with request_timing(request.scope).upstream_span():
-            return lease, await operation(lease.adapter)(body, ctx)
-    except BaseException as exc:
-        lease.release(exc)
-        if isinstance(exc, Exception):
-            _count_error(metrics(request), backend, exc)
-        raise
+    """Wait for a slot, then run the operation on the leased replica; the lease is the caller's to release on success.
+
+    An engine that fails before it answered anything (refused, reset, down, 502/503) is retried on
+    another replica, up to `routing.max_retries` times: nothing has reached the client yet."""
+    tried: list[Replica] = []
+    while True:
+        lease = await admit(request, backend, route, exclude=tried)
+        try:
+            with request_timing(request.scope).upstream_span():
+                return lease, await operation(lease.adapter)(body, ctx)
+        except BaseException as exc:
+            lease.release(exc)
+            tried.append(lease.replica)
+            if (isinstance(exc, Exception) and is_retryable(exc) and len(tried) <= backend.routing.max_retries
+                    and any(r not in tried for r in backend.replicas)):
+                metrics(request).retries.labels(backend.model_id, lease.replica.name).inc()
+                log.warning("%s replica %s failed before answering (%s); retrying on another replica",
+                            backend.model_id, lease.replica.name, getattr(exc, "message", exc))
+                continue
+            if isinstance(exc, Exception):
+                _count_error(metrics(request), backend, exc)
+            raise
 
 
 def _discard(leased: tuple[Lease, ChatResult]) -> None:

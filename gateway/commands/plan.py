@@ -21,7 +21,9 @@ from gateway.planning import (
     load_workload,
     plan,
 )
+from gateway.planning.measured import VariantResult
 from gateway.planning.workload import validation_message
+from gateway.tuning import apply_tuning, lookup
 
 
 def describe(p: Plan) -> str:
@@ -30,6 +32,7 @@ def describe(p: Plan) -> str:
     lines += [f"options  {k}={v}" for k, v in p.options.items()]
     lines += [f"why      {r}" for r in p.reasons]
     lines += _figures(p)
+    lines += _measured(p)
     lines += [f"warning  {w}" for w in p.warnings]
     lines += [f"assumed  {a}" for a in p.assumed]
     failed = {r.engine for r in p.rejected}
@@ -71,8 +74,52 @@ def _figures(p: Plan) -> list[str]:
             if c.aggregate_tokens_per_s is not None and c.concurrency > 1
             else ""
         )
-        lines.append(f"speed    <= {c.decode_tokens_per_s:.1f} tokens/s per sequence{agg}")
+        cal = p.calibration
+        if cal is not None and cal.decode_tokens_per_s is not None:
+            bound = f"<= {cal.bound_decode_tokens_per_s:.1f}" if cal.bound_decode_tokens_per_s else "unknown"
+            agg = agg.replace("<= ", "~")
+            lines.append(f"speed    ~{c.decode_tokens_per_s:.1f} tokens/s per sequence{agg} "
+                         f"(calibrated on this host; uncalibrated bound {bound})")
+        else:
+            lines.append(f"speed    <= {c.decode_tokens_per_s:.1f} tokens/s per sequence{agg}")
+    if c.prefill_seconds is not None:
+        cal = p.calibration
+        note = " (calibrated on this host)" if cal is not None and cal.prefill_s is not None else " (bound)"
+        lines.append(f"prefill  ~{c.prefill_seconds * 1000:.0f} ms for {c.prompt_tokens} prompt tokens{note}")
+    if p.calibration is not None:
+        lines.append(f"calib    {p.calibration.describe()}")
     return lines
+
+
+def _measured(p: Plan) -> list[str]:
+    """The tune record's results, ranked, each measured figure next to what the planner predicted."""
+    m = p.measured
+    if m is None:
+        return []
+    lines = [f"measured {m.record} ({m.created})" + ("; the plan takes the winner" if m.taken else "")]
+    rank = 0
+    for r in m.results:
+        rank += r.ok
+        lines.append(f"measured {rank if r.ok else '-'}. {r.describe()}: {_result(r)}")
+    return lines
+
+
+def _result(r: VariantResult) -> str:
+    if not r.ok:
+        return f"{r.status.replace('_', ' ')}: {r.reason}"
+    parts = []
+    if r.decode_tokens_per_s is not None:
+        bound = f" (predicted <= {r.predicted_decode_tokens_per_s:.1f})" if r.predicted_decode_tokens_per_s else ""
+        parts.append(f"{r.decode_tokens_per_s:.1f} tokens/s alone{bound}")
+    if r.output_tokens_per_s is not None and r.concurrency > 1:
+        parts.append(f"{r.output_tokens_per_s:.1f} tokens/s at c={r.concurrency}")
+    if r.ttft_p50_s is not None:
+        parts.append(f"TTFT p50 {r.ttft_p50_s * 1000:.0f} ms")
+    if r.goodput_rps is not None:
+        parts.append(f"goodput {r.goodput_rps:.2f} req/s")
+    if r.peak_memory_bytes:
+        parts.append(f"peak {r.peak_memory_bytes / 2**20:.0f} MiB")
+    return ", ".join(parts)
 
 
 def _snapshot(path: Path) -> HardwareSnapshot:
@@ -98,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
             installed = installed_set(names)
         rules = Path(args.rules) if args.rules else None
         decision = plan(snapshot, spec, workload, requested_engine=args.engine, installed=installed, rules=rules)
+        if args.tune:
+            decision = apply_tuning(decision, lookup(snapshot, Path(spec.path), workload))
     except (SpecError, NoEngineError, ModelSourceError, FileNotFoundError, ValueError, registry.UnknownEngineError) as exc:
         print(f"enginegate plan: {exc}", file=sys.stderr)
         return 2
@@ -120,4 +169,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--rules", help="a selection rules YAML that overrides the built-in gateway/data/selection.yaml")
     p.add_argument("--installed", help="comma-separated engines to treat as installed (default: check this machine)")
     p.add_argument("--json", action="store_true", help="print the Plan as JSON (engine at the top level)")
+    p.add_argument("--no-tune", dest="tune", action="store_false",
+                   help="ignore `enginegate tune` records: the prediction alone")
     p.set_defaults(func=run)

@@ -21,6 +21,7 @@ from gateway.planning.capacity import (
 from gateway.planning.explain import explain, gb, memory_figures
 from gateway.planning.gpu_count import choose_gpus
 from gateway.planning.installed import Installed, is_installed
+from gateway.planning.measured import Calibration, Measured
 from gateway.planning.options import Layout, engine_options
 from gateway.planning.overrides import OptionOverride
 from gateway.planning.pools import GPU_MEMORY_FRACTION, fast_pools, host_gpus, place, system_pool
@@ -54,6 +55,10 @@ class Plan(BaseModel):
     rejected: tuple[Rejection, ...] = ()
     capacity: Capacity | None = None
     profile: Profile | None = None
+    measured: Measured | None = None
+    """The `enginegate tune` record that matched this host, model and workload (see gateway/tuning)."""
+    calibration: Calibration | None = None
+    """Speed predictions scaled by this host's tune records for the plan's engine (capacity holds the result)."""
 
     def summary(self) -> str:
         return f"{self.engine}: {self.reasons[0]}" if self.reasons else self.engine

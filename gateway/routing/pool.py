@@ -2,7 +2,7 @@
 
 Concurrency rule: `acquire()` and `Lease.release()` run on the event loop only. Every acquired
 lease is released exactly once (a second release is a no-op), whatever the request's outcome:
-the error it ended with, if any, is passed to `release` so health tracking can see it.
+the error it ended with, if any, is passed to `release` so the replica's breaker sees it.
 """
 
 from __future__ import annotations
@@ -12,15 +12,72 @@ from dataclasses import dataclass, field
 
 from adapters.base import Adapter
 from gateway.routing.admission import Admission
+from gateway.routing.balancer import Candidate
+from gateway.routing.health import Breaker, is_failure
+
+KV_SATURATED = 0.95
+"""KV-cache use at which an engine is treated as queueing (new work would wait or evict)."""
 
 
 @dataclass(slots=True)
 class Replica:
-    """One engine instance: its adapter and its own admission (slots and queue)."""
+    """One engine instance: its adapter, its own admission (slots and queue) and its health."""
 
     adapter: Adapter
     admission: Admission
     name: str = "0"
+    breaker: Breaker = field(default_factory=Breaker)
+    engine_running: float | None = None
+    """What its engine last reported (polled): running and waiting requests, KV-cache use 0..1."""
+    engine_waiting: float | None = None
+    kv_usage: float | None = None
+    capacity_from: str = "engine default"
+    """Where its slot count came from: user, launch, engine (reported), engine default, or none (no cap)."""
+    served: int = 0
+    failed: int = 0
+
+    @property
+    def outstanding(self) -> int:
+        return self.admission.running + self.admission.waiting
+
+    def down(self) -> bool:
+        """Known not to serve now, without asking over the network (a supervised engine restarting)."""
+        ready = self.adapter.ready_now()
+        return ready is False
+
+    def candidate(self) -> Candidate:
+        engine_queue = (self.engine_waiting or 0) > 0 or (self.kv_usage or 0) >= KV_SATURATED
+        return Candidate(
+            name=self.name,
+            outstanding=self.outstanding,
+            available=not self.down() and self.breaker.allows(),
+            saturated=not self.admission.free or engine_queue,
+            queueing=self.admission.waiting > 0 or engine_queue,
+            engine_load=(self.engine_running or 0) + (self.engine_waiting or 0),
+            probe=self.breaker.wants_probe(),
+        )
+
+    def status(self) -> dict[str, object]:
+        """Its state for /v1/gateway/stats and the status page."""
+        return {
+            "name": self.name,
+            "engine": self.adapter.engine,
+            "state": self.breaker.state.value,
+            "reason": self.breaker.reason,
+            "down": self.down(),
+            "running": self.admission.running,
+            "waiting": self.admission.waiting,
+            "slots": self.admission.concurrency,
+            "slots_from": self.capacity_from,
+            "max_queue": self.admission.max_queue,
+            "engine_running": self.engine_running,
+            "engine_waiting": self.engine_waiting,
+            "kv_cache_usage_ratio": self.kv_usage,
+            "served": self.served,
+            "failed": self.failed,
+            "breaker_opens": self.breaker.opens,
+            **{k: v for k, v in self.adapter.describe().items() if k in ("base_url", "port", "pid", "restarts")},
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +93,8 @@ class Lease:
     """A request's hold on one replica's slot, from admission to the end of its response."""
 
     replica: Replica
+    reason: str = ""
+    """Why the balancer chose this replica (a label of enginegate_routing_decisions)."""
     on_release: Callable[[], None] | None = None
     """The lifecycle's in-flight count for the model (it is not evicted while a lease is held)."""
     released: bool = field(default=False, init=False)
@@ -48,6 +107,12 @@ class Lease:
         if self.released:
             return
         self.released = True
-        self.replica.admission.release()
+        replica = self.replica
+        replica.admission.release()
+        replica.breaker.record(error)
+        if error is None:
+            replica.served += 1
+        elif is_failure(error):
+            replica.failed += 1
         if self.on_release is not None:
             self.on_release()

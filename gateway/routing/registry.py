@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import Adapter
+from adapters.base import Adapter, EngineStats, Health
+from gateway.config import RoutingConfig
 from gateway.planning import Plan
 from gateway.routing.admission import Admission
+from gateway.routing.balancer import Balancer
+from gateway.routing.health import BreakerState
+from gateway.routing.monitor import HealthMonitor, follow_capacity
 from gateway.routing.pool import Lease, Replica, RouteKey
 
 if TYPE_CHECKING:
     from gateway.routing.lifecycle import EngineChoice, Lifecycles, ModelLifecycle
 
+log = logging.getLogger("enginegate.routing")
+
 
 @dataclass(slots=True)
 class Backend:
-    """One served model name. `adapter` and `admission` are its first replica's; requests go through `acquire`."""
+    """One served model name. `adapter` and `admission` are its first replica's; requests go through `acquire`.
+
+    Concurrency rule: `acquire` runs on the event loop; between the balancer's choice and the
+    replica's admission there is no await, so concurrent requests see each other's load.
+    """
 
     model_id: str
     adapter: Adapter
@@ -29,29 +42,83 @@ class Backend:
     replicas: list[Replica] = field(default_factory=list)
     lifecycle: ModelLifecycle | None = None
     lifecycles: Lifecycles | None = None
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    balancer: Balancer = field(init=False)
+    monitor: HealthMonitor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if not self.replicas:
             self.replicas = [Replica(self.adapter, self.admission)]
+        self.balancer = Balancer(self.routing.balance, self.routing.affinity, self.routing.load_factor)
 
     @property
     def engine(self) -> str:
         return self.adapter.engine
 
-    async def acquire(self, route: RouteKey | None = None) -> Lease:
-        """Make sure the model is loaded (ModelUnavailable when it cannot be now), then wait for a
-        slot on a replica that can serve the request (QueueFull when none can take it)."""
+    @property
+    def running(self) -> int:
+        return sum(r.admission.running for r in self.replicas)
+
+    @property
+    def waiting(self) -> int:
+        return sum(r.admission.waiting for r in self.replicas)
+
+    @property
+    def slots(self) -> int | None:
+        """Generations at once over all replicas; None: at least one has no gateway cap."""
+        counts = [r.admission.concurrency for r in self.replicas]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+
+    @property
+    def max_queue(self) -> int:
+        return sum(r.admission.max_queue for r in self.replicas)
+
+    async def health(self) -> Health:
+        """Ready when any replica serves (its engine ready and its breaker not open); the detail names each."""
+        if len(self.replicas) == 1:
+            return await self.adapter.health()
+        checks = await asyncio.gather(*(r.adapter.health() for r in self.replicas))
+        up = [h.ready and r.breaker.state is not BreakerState.OPEN for r, h in zip(self.replicas, checks, strict=True)]
+        parts = [f"replica {r.name}: {'up' if ok else 'down'} ({h.detail or r.breaker.reason or r.breaker.state.value})"
+                 for r, h, ok in zip(self.replicas, checks, up, strict=True)]
+        return Health(any(up), f"{sum(up)}/{len(up)} replicas up; " + "; ".join(parts))
+
+    async def engine_stats(self) -> EngineStats | None:
+        """The engines' own stats over all replicas: counts and counters summed, KV-cache use the highest."""
+        if len(self.replicas) == 1:
+            return await self.adapter.engine_stats()
+        found = [s for s in await asyncio.gather(*(r.adapter.engine_stats() for r in self.replicas)) if s is not None]
+        if not found:
+            return None
+        total = EngineStats()
+        for name in (f.name for f in dataclasses.fields(EngineStats)):
+            values = [getattr(s, name) for s in found if getattr(s, name) is not None]
+            if values:
+                setattr(total, name, max(values) if name == "kv_cache_usage_ratio" else sum(values))
+        return total
+
+    def route_key(self, route: RouteKey | None) -> str | None:
+        """The affinity key this backend routes on (None: balance by load alone)."""
+        if route is None or self.routing.affinity == "none":
+            return None
+        return route.session if self.routing.affinity == "session" else route.prefix
+
+    async def acquire(self, route: RouteKey | None = None, exclude: Collection[Replica] = ()) -> Lease:
+        """Make sure the model is loaded (the lifecycle: ModelUnavailable when it cannot be now), then
+        wait for a slot on a replica that can serve the request (QueueFull when none can take it).
+
+        `exclude`: replicas this request already failed on (a retry goes elsewhere while it can)."""
         done = None
         if self.lifecycle is not None and self.lifecycles is not None:
             done = await self.lifecycles.acquire(self.lifecycle)
-        replica = self.replicas[0]
         try:
-            await replica.admission.acquire()
+            lease = await self._lease(route, exclude)
         except BaseException:
             if done is not None:
                 done()
             raise
-        return Lease(replica, done)
+        lease.on_release = done
+        return lease
 
     def use(self, choice: EngineChoice) -> None:
         """Serve with another engine (the lifecycle's fallback): its replicas replace the current ones."""
@@ -59,14 +126,64 @@ class Backend:
         self.adapter, self.admission = self.replicas[0].adapter, self.replicas[0].admission
         self.plan = choice.plan
 
+    async def _lease(self, route: RouteKey | None, exclude: Collection[Replica]) -> Lease:
+        """The replica's choice and its admission (see acquire)."""
+        key = self.route_key(route)
+        for attempt in range(len(self.replicas) + 1):
+            pool = self.replicas
+            candidates = [r.candidate() for r in pool]
+            if exclude:  # a retry: the replicas it failed on count as down (a keyed request fails over)
+                candidates = [dataclasses.replace(c, available=False, probe=False) if r in exclude else c
+                              for r, c in zip(pool, candidates, strict=True)]
+            choice = self.balancer.choose(candidates, key)
+            assert choice is not None
+            replica, reason = pool[choice.index], choice.reason
+            if replica.admission.full:
+                replica = self._roomier(pool, replica)
+                if replica is not pool[choice.index] and reason == "affinity":
+                    reason = "affinity_spill"
+            probe = replica.breaker.dispatched()  # before any wait: one trial request at a time
+            try:
+                await replica.admission.acquire()
+            except BaseException:
+                replica.breaker.undispatched(probe)
+                raise
+            if attempt < len(self.replicas) and replica.down() and any(not r.down() for r in pool):
+                replica.breaker.undispatched(probe)
+                replica.admission.release()  # it died while we waited for its slot: choose again
+                continue
+            break
+        return Lease(replica, reason)
+
+    @staticmethod
+    def _roomier(pool: list[Replica], chosen: Replica) -> Replica:
+        """The chosen replica's queue is full: any usable replica with room, before refusing with 429."""
+        for replica in pool:
+            if not replica.admission.full and not replica.down():
+                return replica
+        return chosen
+
     async def start(self) -> None:
-        """Start every replica; if one fails, those started are stopped by the caller (`stop()`)."""
-        for replica in self.replicas:
-            await replica.adapter.start()
+        results = await asyncio.gather(*(r.adapter.start() for r in self.replicas), return_exceptions=True)
+        failures = [(r, e) for r, e in zip(self.replicas, results, strict=True) if isinstance(e, BaseException)]
+        if len(failures) == len(self.replicas) or any(not isinstance(e, Exception) for _, e in failures):
+            raise failures[0][1]
+        for replica, error in failures:  # the others serve; the monitor watches for this one's readiness
+            log.warning("%s replica %s did not start: %s", self.model_id, replica.name, error)
+            replica.breaker.readiness(False, str(getattr(error, "message", error)))
+        await asyncio.gather(*(follow_capacity(r) for r in self.replicas))
+        if len(self.replicas) > 1 and self.monitor is None:
+            self.monitor = HealthMonitor(self.replicas, self.routing.health_interval_seconds)
+            self.monitor.start()
 
     async def stop(self) -> None:
-        for replica in self.replicas:
-            await replica.adapter.stop()
+        if self.monitor is not None:
+            await self.monitor.stop()
+            self.monitor = None
+        results = await asyncio.gather(*(r.adapter.stop() for r in self.replicas), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
 
 class ModelRegistry:

@@ -76,6 +76,24 @@ function renderHardware(hardware) {
   $("hardware").replaceChildren(...rows);
 }
 
+function replicaRow(model, r) {
+  // one replica of a model: its breaker state, load and slots, and where it runs
+  const tr = document.createElement("tr");
+  tr.dataset.model = model;
+  tr.dataset.replica = r.name;
+  const up = r.state !== "open" && !r.down;
+  const where = r.base_url || (r.port ? `port ${r.port}` : "");
+  const cells = [`  ↳ replica ${r.name}`, r.engine, up ? r.state : `down (${r.state})`, `${r.running} / ${r.slots ?? "no cap"}`,
+                 `${r.waiting} / ${r.max_queue}`, [where, r.reason, `served ${r.served}, failed ${r.failed}`].filter(Boolean).join(" · ")];
+  cells.forEach((text, i) => {
+    const td = document.createElement("td");
+    td.textContent = text;
+    if (i === 2) td.className = up ? "ready" : "not_ready";
+    tr.appendChild(td);
+  });
+  return tr;
+}
+
 function renderModels(stats, ready) {
   const rows = [];
   for (const [id, m] of Object.entries(stats.models)) {
@@ -85,7 +103,7 @@ function renderModels(stats, ready) {
     // A model not loaded yet is not "not ready": it loads on its first request.
     const state = m.state && m.state !== "loaded" ? m.state + (m.reason ? ": " + m.reason : "") : (isReady ? "ready" : "not ready");
     const fellBack = (m.fallbacks || []).map((f) => "fell back from " + f.engine + ": " + f.reason);
-    const cells = [id, m.engine, state, `${m.running} / ${m.slots}`, `${m.waiting} / ${m.max_queue}`,
+    const cells = [id, m.engine, state, `${m.running} / ${m.slots ?? "no cap"}`, `${m.waiting} / ${m.max_queue}`,
       [...fellBack, why(id)].filter(Boolean).join("; ")];
     cells.forEach((text, i) => {
       const td = document.createElement("td");
@@ -94,6 +112,8 @@ function renderModels(stats, ready) {
       tr.appendChild(td);
     });
     rows.push(tr);
+    const replicas = m.replicas || [];
+    if (replicas.length > 1) rows.push(...replicas.map((r) => replicaRow(id, r)));
   }
   $("models").replaceChildren(...rows);
 }

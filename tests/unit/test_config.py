@@ -83,3 +83,4 @@ def test_example_config_loads() -> None:
     example = Path(__file__).resolve().parents[2] / "configs" / "gateway.example.yaml"
     s = load_settings(example)
     assert s.models[0].source == "default" and s.port == 8000
+    assert s.models[0].replicas == 1 and s.models[0].routing.balance == "least_outstanding"

@@ -1,0 +1,24 @@
+"""Every test (and every gateway it starts) reads and writes tune records in its own empty cache,
+never the user's ~/.cache/enginegate/tune: a record there would change which engine serves."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.tuning import TUNE_DIR_ENV
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_tune_cache() -> Iterator[None]:
+    before = os.environ.get(TUNE_DIR_ENV)
+    with tempfile.TemporaryDirectory(prefix="enginegate-tune-tests-") as tmp:
+        os.environ[TUNE_DIR_ENV] = tmp
+        yield
+    if before is None:
+        os.environ.pop(TUNE_DIR_ENV, None)
+    else:
+        os.environ[TUNE_DIR_ENV] = before

@@ -1,0 +1,130 @@
+"""The circuit breaker's transitions, as a table over a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from adapters.base import ClientRequestError, EngineError, UnsupportedError
+from gateway.routing.health import Breaker, BreakerState, is_failure, is_retryable
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+ENGINE_DOWN = EngineError("refused", 503, "engine_unreachable")
+
+
+@pytest.mark.parametrize(
+    ("error", "failure"),
+    [
+        (None, False),
+        (ENGINE_DOWN, True),
+        (EngineError("stream broke", 502), True),
+        (EngineError("timeout", 504, "upstream_timeout"), True),
+        (TimeoutError(), True),
+        (ClientRequestError("bad", 400), None),
+        (UnsupportedError("no tools"), None),
+        (asyncio.CancelledError(), None),
+        (ValueError("our bug"), None),
+    ],
+)
+def test_what_counts_as_the_engines_failure(error: BaseException | None, failure: bool | None) -> None:
+    assert is_failure(error) is failure
+
+
+@pytest.mark.parametrize(
+    ("error", "retry"),
+    [
+        (ENGINE_DOWN, True),
+        (EngineError("reset", 502, "engine_reset"), True),
+        (EngineError("overloaded", 503), True),
+        (EngineError("engine error 500: boom", 502), False),  # the engine answered: it may be this request's fault
+        (EngineError("rejected the gateway's credentials", 502, "upstream_auth"), False),
+        (ClientRequestError("slow down", 429), True),  # an upstream that is full: try another
+        (EngineError("slow", 504, "upstream_timeout"), False),
+        (ClientRequestError("bad", 400), False),
+    ],
+)
+def test_what_is_retried_elsewhere(error: BaseException, retry: bool) -> None:
+    assert is_retryable(error) is retry
+
+
+def test_opens_after_consecutive_failures_then_half_opens_and_closes() -> None:
+    clock = Clock()
+    b = Breaker(failure_threshold=3, open_seconds=5.0, clock=clock)
+    b.record(ENGINE_DOWN)
+    b.record(None)  # a success resets the count
+    b.record(ENGINE_DOWN)
+    b.record(ENGINE_DOWN)
+    assert b.state is BreakerState.CLOSED and b.allows()
+    b.record(ENGINE_DOWN)
+    assert b.state is BreakerState.OPEN and not b.allows() and b.opens == 1
+    clock.now += 4.9
+    assert not b.allows()
+    clock.now += 0.2
+    assert b.wants_probe() and b.state is BreakerState.HALF_OPEN
+    b.dispatched()
+    assert not b.allows()  # one trial at a time
+    b.record(None)
+    assert b.state is BreakerState.CLOSED and b.allows() and b.failures == 0
+
+
+def test_a_failed_probe_reopens() -> None:
+    clock = Clock()
+    b = Breaker(failure_threshold=1, open_seconds=1.0, clock=clock)
+    b.record(ENGINE_DOWN)
+    clock.now += 1.0
+    assert b.wants_probe()
+    b.dispatched()
+    b.record(ENGINE_DOWN)
+    assert b.state is BreakerState.OPEN and b.opens == 2 and not b.allows()
+
+
+def test_a_probe_the_client_abandoned_lets_another_through() -> None:
+    clock = Clock()
+    b = Breaker(failure_threshold=1, open_seconds=1.0, clock=clock)
+    b.record(ENGINE_DOWN)
+    clock.now += 1.0
+    b.allows()
+    b.dispatched()
+    b.record(asyncio.CancelledError())
+    assert b.state is BreakerState.HALF_OPEN and b.wants_probe()
+
+
+def test_client_errors_never_open_it() -> None:
+    b = Breaker(failure_threshold=1)
+    for _ in range(5):
+        b.record(ClientRequestError("bad", 400))
+    assert b.state is BreakerState.CLOSED
+
+
+def test_readiness_opens_at_once_and_ready_again_half_opens() -> None:
+    clock = Clock()
+    b = Breaker(failure_threshold=3, open_seconds=60.0, clock=clock)
+    b.readiness(True)
+    assert b.state is BreakerState.CLOSED
+    b.readiness(False, "starting")
+    assert b.state is BreakerState.OPEN and b.reason == "not ready: starting"
+    b.readiness(True)  # the engine is back: a trial request, without waiting open_seconds
+    assert b.state is BreakerState.HALF_OPEN and b.wants_probe()
+    b.dispatched()
+    b.record(None)
+    assert b.state is BreakerState.CLOSED
+
+
+def test_errors_with_a_ready_engine_wait_out_open_seconds() -> None:
+    """An upstream that answers its model list but fails every request (503s) stays open until the timer."""
+    clock = Clock()
+    b = Breaker(failure_threshold=1, open_seconds=5.0, clock=clock)
+    b.record(EngineError("overloaded", 503))
+    b.readiness(True)
+    assert b.state is BreakerState.OPEN
+    clock.now += 5.0
+    assert b.wants_probe()
