@@ -204,6 +204,11 @@ class Adapter(abc.ABC):
         """The engine's own metrics (queue, KV cache, tokens), polled by the gateway."""
         return None
 
+    def memory_bytes(self) -> int | None:
+        """What an in-process engine itself reports holding once loaded (weights + reserved KV cache);
+        None: not reported (an engine server's memory is measured from its processes instead)."""
+        return None
+
     def logs(self, lines: int = 100) -> list[str]:
         """The last lines of the engine's own log; empty for engines with none (in-process)."""
         return []

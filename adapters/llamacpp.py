@@ -101,8 +101,7 @@ class LlamaCppAdapter(Adapter):
         self.llama_kwargs: dict[str, Any] = dict(options.get("llama_kwargs") or {})
         self.split_mode = SPLIT_MODES.get(str(options.get("split_mode") or "layer"), 1)
         self.tensor_split = [float(x) for x in options["tensor_split"]] if options.get("tensor_split") else None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{config.name or 'model'}")
-        self._embed_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp-embed")
+        self._executor, self._embed_executor = self._executors()
         self._llm: Any = None
         self._embedder: Any = None
         self._embed_lock = asyncio.Lock()
@@ -111,6 +110,7 @@ class LlamaCppAdapter(Adapter):
             ttft_seconds_sum=0.0, ttft_seconds_count=0,
         ))
         self._started = False
+        self._stopped = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -142,8 +142,16 @@ class LlamaCppAdapter(Adapter):
         kwargs.update(self.llama_kwargs)
         return Llama(**kwargs)
 
+    def _executors(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+        return (ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{self.config.name or 'model'}"),
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp-embed"))
+
     async def start(self) -> None:
+        """Load the model; after `stop()` (an unload) it loads again, on fresh worker threads."""
         loop = asyncio.get_running_loop()
+        if self._stopped:
+            self._executor, self._embed_executor = self._executors()
+            self._stopped = False
         try:
             self._llm = await loop.run_in_executor(self._executor, self._load)
         except EngineError:
@@ -154,12 +162,29 @@ class LlamaCppAdapter(Adapter):
 
     async def stop(self) -> None:
         self._started = False
+        self._stopped = True
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._embed_executor.shutdown(wait=True, cancel_futures=True)
         for llm in (self._llm, self._embedder):
             if llm is not None:
                 llm.close()
         self._llm = self._embedder = None
+
+    def memory_bytes(self) -> int | None:
+        """llama.cpp's own figures: its tensors' bytes plus the f16 KV cache its context reserves."""
+        llm = self._llm
+        if llm is None:
+            return None
+        try:
+            import llama_cpp
+
+            model = llm._model.model
+            layers, embd = llama_cpp.llama_model_n_layer(model), llama_cpp.llama_model_n_embd(model)
+            heads, kv_heads = llama_cpp.llama_model_n_head(model), llama_cpp.llama_model_n_head_kv(model)
+            kv = 2 * layers * self.n_ctx * kv_heads * (embd // max(1, heads)) * 2
+            return int(llama_cpp.llama_model_size(model)) + kv
+        except (AttributeError, ImportError, TypeError):  # an older llama-cpp-python without these calls
+            return None
 
     async def health(self) -> Health:
         return Health(ready=self._started and self._llm is not None, detail="" if self._started else "not loaded")

@@ -102,6 +102,10 @@ class RestartPolicy:
     window: float = 300.0
 
 
+READY_PROBE_MIN_GAP = 0.01
+"""Seconds between readiness probes prompted by the engine's own output."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -161,6 +165,7 @@ class ManagedProcess:
         self._crash_times: collections.deque[float] = collections.deque()
         self._listeners: list[Callable[[ProcessState, str], None]] = []
         self._log_file: IO[str] | None = None
+        self._output = asyncio.Event()  # set when the engine writes a line (it may have become ready)
 
     # -- state -------------------------------------------------------------------------------
 
@@ -238,6 +243,7 @@ class ManagedProcess:
             if not raw:
                 return
             self._note(raw.decode("utf-8", "replace").rstrip("\r\n"))
+            self._output.set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -398,10 +404,26 @@ class ManagedProcess:
                 raise ProcessError(self._failure(str(exc))) from None
             if time.monotonic() >= deadline:
                 raise ProcessError(self._failure(f"not ready after {self.startup_timeout:.0f}s"))
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
-                    await self._exit_code(proc)
+            probed = time.monotonic()
+            await self._until_news(proc, interval)
+            # An engine that logs while it loads (llama-server: "model loaded", "listening") is
+            # probed soon after each line, at most every READY_PROBE_MIN_GAP: its readiness is seen
+            # within milliseconds, not at the next step of the backoff.
+            gap = READY_PROBE_MIN_GAP - (time.monotonic() - probed)
+            if gap > 0:
+                await asyncio.sleep(gap)
             interval = min(interval * 1.5, 1.0)
+
+    async def _until_news(self, proc: asyncio.subprocess.Process, timeout: float) -> None:
+        """Wait up to `timeout` for the engine to exit or write a line."""
+        self._output.clear()
+        waits = [asyncio.ensure_future(self._exit_code(proc)), asyncio.ensure_future(self._output.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     def _failure(self, reason: str) -> str:
         tail = "\n".join(self.log_tail(20))

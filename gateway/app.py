@@ -10,7 +10,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.base import EngineError
 
-from gateway.api import chat, completions, embeddings, engines, health, messages, models, observe, responses, status
+from gateway.api import (
+    admin_models,
+    chat,
+    completions,
+    embeddings,
+    engines,
+    health,
+    messages,
+    models,
+    observe,
+    responses,
+    status,
+)
 from gateway.api.errors import install_error_handlers
 from gateway.api.openapi import install_openapi
 from gateway.config import Settings
@@ -34,7 +46,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.startup_error = None
     install_error_handlers(app)
     install_openapi(app)
-    for module in (chat, completions, embeddings, responses, messages, models, health, observe, status, engines):
+    for module in (chat, completions, embeddings, responses, messages, models, health, observe, status, engines, admin_models):
         app.include_router(module.router)
     # Outermost first at request time: metrics see every request, the drain refuses new ones,
     # auth before the body is read.
@@ -57,6 +69,7 @@ def _lifespan(app: FastAPI, settings: Settings, runtime: Runtime | None) -> ASGI
         await receive()  # lifespan.startup
         rt = runtime or Runtime.build(settings)
         app.state.runtime = rt
+        rt.lifecycles.observer = app.state.metrics
         try:
             await rt.start()
         except EngineError as exc:

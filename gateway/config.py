@@ -86,6 +86,24 @@ class ModelConfig(BaseModel):
     workload: Workload | None = None
     """The traffic this model expects (the fields of `enginegate plan --workload`): the plan is made for it, and
     an `enginegate tune` record for this workload applies. None: the planner's default workload."""
+    preload: bool | None = None
+    """Load at start-up. None (the default): only when it is the one model configured; with several,
+    a model loads on its first request (which waits for it, up to load_timeout_seconds)."""
+    pinned: bool = False
+    """Never evicted to make room for another model (an admin may still unload it)."""
+    ttl_seconds: float | None = Field(default=None, gt=0)
+    """Unload after this long without a request; None: stay loaded until evicted."""
+
+
+class MemoryBudget(BaseModel):
+    """Bytes the gateway may fill with models, per pool; None: the detected size (see README)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ram_bytes: int | None = Field(default=None, ge=0)
+    unified_bytes: int | None = Field(default=None, ge=0)
+    gpu_bytes: dict[int, int] = Field(default_factory=dict)
+    """GPU index -> bytes."""
 
 
 class ResponseStoreConfig(BaseModel):
@@ -132,6 +150,12 @@ class Settings(BaseSettings):
     max_connections: int = Field(default=1024, ge=1)
     """Connections (and requests) served at once; beyond it uvicorn answers 503."""
     response_store: ResponseStoreConfig = ResponseStoreConfig()
+    memory_budget: MemoryBudget = MemoryBudget()
+    load_timeout_seconds: float = Field(default=300.0, gt=0)
+    """How long a request waits for its model to load (and for memory to free); then 503."""
+    swap_batch_requests: int = Field(default=16, ge=1)
+    """The anti-thrash fairness bound: a model swapped in serves up to this many of the requests that
+    waited for it before another swap may evict it (1: no batching, a swap may follow every request)."""
     config_file: Path | None = Field(default=None, exclude=True)
 
     @classmethod

@@ -39,6 +39,7 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
 
 ROUTES = frozenset(
@@ -53,6 +54,7 @@ ROUTES = frozenset(
         "/v1/models",
         "/v1/gateway/plan",
         "/v1/gateway/stats",
+        "/admin/models",
         "/health",
         "/ready",
         "/metrics",
@@ -84,6 +86,8 @@ def route_label(path: str) -> str:
         return path
     if path.startswith("/v1/models/"):
         return "/v1/models/{id}"
+    if path.startswith("/admin/models/"):
+        return "/admin/models/{id}"
     if path.startswith("/v1/responses/"):
         return "/v1/responses/{id}"
     if path.startswith("/static/"):
@@ -270,6 +274,51 @@ class GatewayMetrics:
         self._tracked: dict[str, tuple[str, str, str]] = {}
         for route in GENERATION_ROUTES:
             self.overhead.labels(route)
+        self._lifecycle_collectors(r)
+
+    # -- model lifecycle (issue 14): loads, evictions, load waits, fallbacks, footprints ---------------
+
+    def _lifecycle_collectors(self, r: CollectorRegistry) -> None:
+        self.model_loads = Counter("enginegate_model_loads", "Models loaded (at start-up, on demand or by an admin).",
+                                   ["model", "engine"], registry=r)
+        self.model_load_seconds = Histogram("enginegate_model_load_seconds", "Time an engine took to load a model.",
+                                            ["model", "engine"], buckets=LOAD_BUCKETS, registry=r)
+        self.model_evictions = Counter("enginegate_model_evictions", "Models unloaded, by reason (budget, ttl, admin).",
+                                       ["model", "reason"], registry=r)
+        self.load_wait = Histogram("enginegate_model_load_wait_seconds",
+                                         "Time a request waited for its model to be loaded.", ["model"],
+                                         buckets=LOAD_BUCKETS, registry=r)
+        self.model_load_failures = Counter(
+            "enginegate_model_load_failures",
+            "Engines that failed to load a model; `fallback` names the next engine tried (none: the model failed).",
+            ["model", "engine", "fallback"], registry=r)
+        self.footprint_bytes = Gauge("enginegate_model_footprint_bytes",
+                                     "A model's memory: the plan's estimate and the measurement after its load.",
+                                     ["model", "kind"], registry=r)
+        self.model_state = Gauge("enginegate_model_state", "1 for the model's lifecycle state now.",
+                                 ["model", "state"], registry=r)
+
+    def model_loaded(self, model: str, engine: str, seconds: float) -> None:
+        self.model_loads.labels(model, engine).inc()
+        self.model_load_seconds.labels(model, engine).observe(seconds)
+
+    def model_load_failed(self, model: str, engine: str, fallback_to: str | None) -> None:
+        self.model_load_failures.labels(model, engine, fallback_to or "none").inc()
+
+    def model_evicted(self, model: str, reason: str) -> None:
+        self.model_evictions.labels(model, reason).inc()
+
+    def model_load_wait(self, model: str, seconds: float) -> None:
+        self.load_wait.labels(model).observe(seconds)
+
+    def model_footprint(self, model: str, estimated: int, measured: int | None) -> None:
+        self.footprint_bytes.labels(model, "estimated").set(estimated)
+        if measured is not None:
+            self.footprint_bytes.labels(model, "measured").set(measured)
+
+    def set_model_state(self, model: str, state: str, states: Iterable[str]) -> None:
+        for s in states:
+            self.model_state.labels(model, s).set(1 if s == state else 0)
 
     def track_model(self, model: str, engine: str, plan: Plan | None, *, slots: int, max_queue: int, quantization: str | None = None) -> None:
         """Declare a served model: its info series, its capacity, and its series at zero (so rates exist)."""

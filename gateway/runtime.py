@@ -15,14 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from adapters import registry
-from adapters.base import Adapter
+from adapters.base import Adapter, EngineError
 from adapters.config import EngineConfig, resolve_options
 from adapters.spec import EngineSpec
-from gateway import hardware, modelsource, planning, tuning
+from gateway import hardware, loading, modelsource, planning, tuning
 from gateway.config import ModelConfig, Settings
 from gateway.hardware import HardwareSnapshot
 from gateway.planning import Plan
-from gateway.routing import Admission, Backend, ModelRegistry, Replica, replicas
+from gateway.routing import Admission, Backend, Lifecycles, ModelLifecycle, ModelRegistry, Replica, replicas
+from gateway.routing.budget import gib
 
 log = logging.getLogger("enginegate")
 
@@ -35,18 +36,32 @@ class Runtime:
     plans: dict[str, Plan] = field(default_factory=dict)
     started: bool = False
 
+    lifecycles: Lifecycles = field(default_factory=lambda: Lifecycles({}))
+
+    def __post_init__(self) -> None:
+        """Backends built without a lifecycle (tests, benchmarks) are preloaded, outside any budget."""
+        for backend in self.models:
+            if backend.lifecycle is None:
+                self.lifecycles.add(ModelLifecycle(backend, {}, preload=True))
+
     @classmethod
     def build(cls, settings: Settings) -> Runtime:
         snapshot = hardware.detect()
         models = ModelRegistry()
         plans: dict[str, Plan] = {}
+        lifecycles = Lifecycles(loading.capacity(snapshot, settings.memory_budget),
+                                load_timeout=settings.load_timeout_seconds, swap_batch=settings.swap_batch_requests)
+        only_one = len(settings.models) == 1
         for index, config in enumerate(settings.models):
             try:
                 requested = registry.spec(config.engine) if config.engine != "auto" else None
             except registry.UnknownEngineError as exc:
                 raise PlanningError(f"model {config.name or config.source!r}: {exc}") from exc
             if requested is not None and not requested.local_weights:
-                models.add(_remote_backend(config, requested, first=index == 0))
+                backend = _remote_backend(config, requested, first=index == 0)
+                _add(models, backend)
+                lifecycles.add(ModelLifecycle(backend, {}, pinned=True, preload=config.preload is not False,
+                                              ttl_seconds=config.ttl_seconds))
                 continue
             resolved = modelsource.resolve(config.source)
             model_id = config.name or resolved.default_id
@@ -55,40 +70,49 @@ class Runtime:
             if plan is not None:
                 plan = planning.apply_user(plan, user, snapshot)
             engine = registry.spec(plan.engine if plan is not None else config.engine)
-            adapter_config = engine_config(config, engine, plan.options if plan is not None else {},
-                                           source=str(resolved.path), name=model_id)
-            replicas = _replicas(config, engine, adapter_config, str(resolved.path), model_id)
-            aliases = tuple(config.aliases) + ((resolved.path.stem,) if resolved.path.stem != model_id else ())
+            build = _replica_builder(config, str(resolved.path), model_id)
+            choices = loading.engine_choices(plan, engine, Path(resolved.path), snapshot, config, build)
+            replicas = choices[0].build()
+            stem = resolved.path.stem  # a convenience alias, left to the first model served from that file
+            aliases = tuple(config.aliases) + ((stem,) if stem != model_id and not models.known(stem) else ())
             if index == 0:
                 aliases += ("default",)
-            models.add(
-                Backend(
-                    model_id=model_id,
-                    adapter=replicas[0].adapter,
-                    admission=replicas[0].admission,
-                    plan=plan,
-                    aliases=tuple(dict.fromkeys(a for a in aliases if a != model_id)),
-                    created=int(time.time()),
-                    info={"origin": resolved.origin, "path": str(resolved.path)},
-                    replicas=replicas,
-                    routing=config.routing,
-                )
+            backend = Backend(
+                model_id=model_id,
+                adapter=replicas[0].adapter,
+                admission=replicas[0].admission,
+                plan=plan,
+                aliases=tuple(dict.fromkeys(a for a in aliases if a != model_id)),
+                created=int(time.time()),
+                info={"origin": resolved.origin, "path": str(resolved.path)},
+                replicas=replicas,
+                routing=config.routing,
             )
+            _add(models, backend)
+            lifecycles.add(ModelLifecycle(backend, choices[0].charges, choices, pinned=config.pinned,
+                                          preload=only_one if config.preload is None else config.preload,
+                                          ttl_seconds=config.ttl_seconds))
             if plan is not None:
                 plans[model_id] = plan
-        return cls(settings=settings, models=models, snapshot=snapshot, plans=plans)
+        errors = lifecycles.config_errors()
+        if errors:
+            budget = ", ".join(f"{pool} {gib(size)}" for pool, size in lifecycles.capacity.items())
+            raise PlanningError("; ".join(errors) + f" [memory budget: {budget or 'none'}]")
+        return cls(settings=settings, models=models, snapshot=snapshot, plans=plans, lifecycles=lifecycles)
 
     async def start(self) -> None:
-        for backend in self.models:
-            started = time.perf_counter()
-            log.info("loading %s with %s", backend.model_id, backend.engine)
-            await backend.start()
-            backend.info["load_seconds"] = round(time.perf_counter() - started, 3)
+        """Load the preload models; start-up fails only when every model is preloaded and none loaded."""
+        failed = await self.lifecycles.preload()
+        models = list(self.lifecycles)
+        if failed and len(failed) == len(models) and all(lc.preload for lc in models):
+            raise EngineError("; ".join(failed), 503, "engine_start_failed")
+        for reason in failed:
+            log.error("model %s; the other models keep serving", reason)
         self.started = True
 
     async def stop(self) -> None:
         self.started = False
-        await asyncio.gather(*(b.stop() for b in self.models), return_exceptions=True)
+        await self.lifecycles.stop()
 
     def summary(self, host: str, port: int) -> str:
         lines = ["enginegate"]
@@ -106,6 +130,8 @@ class Runtime:
                 lines.append(f"  user:   {override.describe()}")
             for warning in plan.warnings if plan is not None else ():
                 lines.append(f"  note:   {warning}")
+            if b.lifecycle is not None:
+                lines.append(f"  load:   {_load_line(b.lifecycle)}")
         lines.append(f"  listen: http://{host}:{port}/v1  (OpenAI-compatible; metrics at /metrics)")
         return "\n".join(lines)
 
@@ -126,6 +152,34 @@ def _remote_backend(config: ModelConfig, engine: EngineSpec, first: bool) -> Bac
         replicas=replicas,
         routing=config.routing,
     )
+
+
+def _load_line(lc: ModelLifecycle) -> str:
+    when = {"loaded": "loaded", "failed": f"failed: {lc.reason}"}.get(lc.state.value, "on its first request")
+    extras = [x for x in ("pinned" if lc.pinned else "", f"unloaded after {lc.ttl_seconds:g} s idle" if lc.ttl_seconds else "",
+                          " ".join(f"{p} {gib(n)}" for p, n in lc.charges.items())) if x]
+    fell = [f"{f.engine} failed ({f.reason})" for f in lc.failures]
+    return "; ".join([when, *extras, *fell])
+
+
+def _add(models: ModelRegistry, backend: Backend) -> None:
+    try:
+        models.add(backend)
+    except ValueError as exc:
+        raise PlanningError(f"{exc}: every model's name and aliases must be unique (set `name:` to tell them apart)") from exc
+
+
+def _replica_builder(config: ModelConfig, source: str, model_id: str) -> loading.ReplicaBuilder:
+    """How this model's replicas are built on one engine: the plan's first choice with the user's
+    options and `backends:`, a fallback engine with its own planned options and no `backends:`."""
+
+    def build(engine: EngineSpec, plan: Plan | None, user_options: bool) -> list[Replica]:
+        planned = plan.options if plan is not None else {}
+        cfg = config if user_options else config.model_copy(update={"options": {}, "backends": ()})
+        adapter_config = engine_config(cfg, engine, planned, source=source, name=model_id)
+        return _replicas(cfg, engine, adapter_config, source, model_id)
+
+    return build
 
 
 def _replicas(config: ModelConfig, engine: EngineSpec, primary: EngineConfig, source: str, model_id: str) -> list[Replica]:
@@ -149,6 +203,8 @@ def _replicas(config: ModelConfig, engine: EngineSpec, primary: EngineConfig, so
                                           embeddings=config.embeddings, chat_format=config.chat_format))
 
     return replicas.build(found, create, config)
+
+
 class PlanningError(Exception):
     """No engine can serve the model here (or its engine cannot take its options); the message says why."""
 
@@ -198,6 +254,7 @@ def engine_config(config: ModelConfig, engine: EngineSpec, planned: Mapping[str,
 
 
 def runtime_for_adapters(settings: Settings, adapters: dict[str, Adapter], max_queue: int = 16) -> Runtime:
+    """A runtime around ready-made adapters (tests): each preloaded, outside any memory budget."""
     models = ModelRegistry()
     for model_id, adapter in adapters.items():
         models.add(Backend(model_id=model_id, adapter=adapter, admission=Admission(1, max_queue), created=int(time.time())))

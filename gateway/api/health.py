@@ -29,10 +29,13 @@ async def ready(request: Request) -> Response:
     for backend in rt.models:
         h = await backend.health()
         detail = h.detail if operator else _INTERNAL.sub(lambda m: f"{m.group(1)} *" if m.group(1) else "*", h.detail)
-        models[backend.model_id] = {"engine": backend.engine, "ready": h.ready, "detail": detail}
+        state = backend.lifecycle.state.value if backend.lifecycle is not None else None
+        models[backend.model_id] = {"engine": backend.engine, "ready": h.ready, "state": state, "detail": detail}
     if request.app.state.drain.draining:
         return JSONResponse({"status": "draining", "models": models}, status_code=503)
-    all_ready = rt.started and bool(models) and all(m["ready"] for m in models.values())
+    # Ready while some model can serve: loaded and ready, or unloaded (it loads on demand). A model
+    # that failed, or a loaded one whose engine is down, does not keep the others from serving.
+    all_ready = rt.started and any(m["ready"] or m["state"] == "unloaded" for m in models.values())
     return JSONResponse({"status": "ready" if all_ready else "not_ready", "models": models}, status_code=200 if all_ready else 503)
 
 
@@ -43,4 +46,6 @@ async def plans(request: Request) -> dict[str, Any]:
     return {
         "hardware": snapshot,
         "plans": {mid: p.model_dump(mode="json") for mid, p in rt.plans.items()},
+        "models": {lc.name: lc.view() for lc in rt.lifecycles},
+        "memory_budget": rt.lifecycles.capacity,
     }

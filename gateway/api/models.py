@@ -19,7 +19,16 @@ def model_card(backend: Backend) -> dict[str, Any]:
         "engine": backend.engine,
         "aliases": list(backend.aliases),
         "meta": backend.adapter.describe(),
+        **({"status": _status(backend)} if backend.lifecycle is not None else {}),
     }
+
+
+def _status(backend: Backend) -> dict[str, Any]:
+    """The model's lifecycle: state (loaded, loading, unloaded, unloading, failed with reason), footprint, pin."""
+    assert backend.lifecycle is not None
+    view = backend.lifecycle.view()
+    return {k: view[k] for k in ("state", "reason", "engine", "pinned", "preload", "ttl_seconds", "footprint",
+                                 "load_seconds", "fallbacks") if k in view}
 
 
 @router.get("/v1/models")

@@ -19,7 +19,7 @@ from gateway.api.serving import metrics, runtime
 from gateway.epp_metrics import ModelLoad, ReplicaLoad, ServedNames, model_load
 from gateway.metrics import GENERATION_ROUTES, GatewayMetrics
 from gateway.middleware import bearer_token
-from gateway.routing import Backend
+from gateway.routing import Backend, State
 from gateway.routing.health import BreakerState
 from gateway.routing.pool import Replica
 from gateway.runtime import Runtime
@@ -61,6 +61,8 @@ async def refresh(m: GatewayMetrics, rt: Runtime, epp: bool = True) -> dict[str,
             slots=-1 if backend.slots is None else backend.slots,
             max_queue=backend.max_queue,
         )
+        if backend.lifecycle is not None:
+            m.set_model_state(backend.model_id, backend.lifecycle.state.value, (st.value for st in State))
         m.queue_waiting.labels(backend.model_id).set(backend.waiting)
         m.running.labels(backend.model_id).set(backend.running)
         health = await backend.health()
@@ -155,12 +157,17 @@ def summarize(m: GatewayMetrics, rt: Runtime, ready: dict[str, bool]) -> dict[st
             "max_queue": backend.max_queue,
             "routing": backend.routing.model_dump(include={"balance", "affinity", "load_factor"}),
             "replicas": [replica.status() for replica in backend.replicas],
+            **(_lifecycle(backend.lifecycle.view()) if backend.lifecycle is not None else {}),
         }
     overhead = {"sum": 0.0, "count": 0.0}
     for route in GENERATION_ROUTES:
         overhead["sum"] += _samples(m.overhead, "enginegate_overhead_seconds_sum", route=route)
         overhead["count"] += _samples(m.overhead, "enginegate_overhead_seconds_count", route=route)
     return {"time": time.time(), "uptime_seconds": time.time() - m.started_at, "models": models, "overhead_seconds": overhead}
+
+
+def _lifecycle(view: dict[str, Any]) -> dict[str, Any]:
+    return {k: view[k] for k in ("state", "reason", "fallbacks", "pinned") if k in view}
 
 
 @router.get("/v1/gateway/stats")

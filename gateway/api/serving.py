@@ -29,7 +29,7 @@ from gateway.api.errors import CLIENT_CLOSED, APIError, error_payload, error_res
 from gateway.drain import SHUTTING_DOWN, Drain
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.api.fanout import Call
-from gateway.routing import Backend, Lease, QueueFull, Replica, RouteKey
+from gateway.routing import Backend, Lease, ModelUnavailable, QueueFull, Replica, RouteKey
 from gateway.routing.health import is_retryable
 from gateway.routing.route_key import route_key
 from gateway.runtime import Runtime
@@ -169,11 +169,17 @@ def require(backend: Backend, body: dict[str, Any]) -> None:
 
 async def admit(request: Request, backend: Backend, route: RouteKey | None = None,
                 exclude: Collection[Replica] = ()) -> Lease:
-    """Wait for a free engine slot on one of the backend's replicas; a full queue answers 429."""
+    """Wait for the model to be loaded and a free engine slot on one of its replicas.
+
+    A full queue answers 429; a model that cannot be loaded now (memory held by pinned or busy
+    models, its engines failed, the load timed out) answers 503 with Retry-After and the reason."""
     m = metrics(request)
     started = time.perf_counter()
     try:
         lease = await backend.acquire(route, exclude=exclude)
+    except ModelUnavailable as exc:
+        m.rejected.labels(backend.model_id).inc()
+        raise APIError(503, exc.reason, code=exc.code, headers={"Retry-After": str(exc.retry_after)}) from exc
     except QueueFull as exc:
         m.rejected.labels(backend.model_id).inc()
         retry_after = str(runtime(request).settings.retry_after_seconds)

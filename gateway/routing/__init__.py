@@ -1,5 +1,9 @@
 from gateway.routing.admission import Admission, QueueFull
+from gateway.routing.lifecycle import EngineChoice, Lifecycles, ModelLifecycle, ModelUnavailable, State
 from gateway.routing.pool import Lease, Replica, RouteKey
 from gateway.routing.registry import Backend, ModelRegistry
 
-__all__ = ["Admission", "Backend", "Lease", "ModelRegistry", "QueueFull", "Replica", "RouteKey"]
+__all__ = [
+    "Admission", "Backend", "EngineChoice", "Lease", "Lifecycles", "ModelLifecycle", "ModelRegistry",
+    "ModelUnavailable", "QueueFull", "Replica", "RouteKey", "State",
+]

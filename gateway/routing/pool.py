@@ -7,6 +7,7 @@ the error it ended with, if any, is passed to `release` so the replica's breaker
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from adapters.base import Adapter
@@ -94,6 +95,8 @@ class Lease:
     replica: Replica
     reason: str = ""
     """Why the balancer chose this replica (a label of enginegate_routing_decisions)."""
+    on_release: Callable[[], None] | None = None
+    """The lifecycle's in-flight count for the model (it is not evicted while a lease is held)."""
     released: bool = field(default=False, init=False)
 
     @property
@@ -111,3 +114,5 @@ class Lease:
             replica.served += 1
         elif is_failure(error):
             replica.failed += 1
+        if self.on_release is not None:
+            self.on_release()

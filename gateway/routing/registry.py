@@ -7,7 +7,7 @@ import dataclasses
 import logging
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters.base import Adapter, EngineStats, Health
 from gateway.config import RoutingConfig
@@ -17,6 +17,9 @@ from gateway.routing.balancer import Balancer
 from gateway.routing.health import BreakerState
 from gateway.routing.monitor import HealthMonitor, follow_capacity
 from gateway.routing.pool import Lease, Replica, RouteKey
+
+if TYPE_CHECKING:
+    from gateway.routing.lifecycle import EngineChoice, Lifecycles, ModelLifecycle
 
 log = logging.getLogger("enginegate.routing")
 
@@ -37,6 +40,8 @@ class Backend:
     created: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     replicas: list[Replica] = field(default_factory=list)
+    lifecycle: ModelLifecycle | None = None
+    lifecycles: Lifecycles | None = None
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     balancer: Balancer = field(init=False)
     monitor: HealthMonitor | None = field(default=None, init=False)
@@ -99,9 +104,30 @@ class Backend:
         return route.session if self.routing.affinity == "session" else route.prefix
 
     async def acquire(self, route: RouteKey | None = None, exclude: Collection[Replica] = ()) -> Lease:
-        """Wait for a slot on a replica that can serve the request (QueueFull when none can take it).
+        """Make sure the model is loaded (the lifecycle: ModelUnavailable when it cannot be now), then
+        wait for a slot on a replica that can serve the request (QueueFull when none can take it).
 
         `exclude`: replicas this request already failed on (a retry goes elsewhere while it can)."""
+        done = None
+        if self.lifecycle is not None and self.lifecycles is not None:
+            done = await self.lifecycles.acquire(self.lifecycle)
+        try:
+            lease = await self._lease(route, exclude)
+        except BaseException:
+            if done is not None:
+                done()
+            raise
+        lease.on_release = done
+        return lease
+
+    def use(self, choice: EngineChoice) -> None:
+        """Serve with another engine (the lifecycle's fallback): its replicas replace the current ones."""
+        self.replicas = choice.build()
+        self.adapter, self.admission = self.replicas[0].adapter, self.replicas[0].admission
+        self.plan = choice.plan
+
+    async def _lease(self, route: RouteKey | None, exclude: Collection[Replica]) -> Lease:
+        """The replica's choice and its admission (see acquire)."""
         key = self.route_key(route)
         for attempt in range(len(self.replicas) + 1):
             pool = self.replicas

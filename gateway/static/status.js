@@ -100,11 +100,15 @@ function renderModels(stats, ready) {
     const isReady = ready.models && ready.models[id] ? ready.models[id].ready : m.ready;
     const tr = document.createElement("tr");
     tr.dataset.model = id;
-    const cells = [id, m.engine, isReady ? "ready" : "not ready", `${m.running} / ${m.slots ?? "no cap"}`, `${m.waiting} / ${m.max_queue}`, why(id)];
+    // A model not loaded yet is not "not ready": it loads on its first request.
+    const state = m.state && m.state !== "loaded" ? m.state + (m.reason ? ": " + m.reason : "") : (isReady ? "ready" : "not ready");
+    const fellBack = (m.fallbacks || []).map((f) => "fell back from " + f.engine + ": " + f.reason);
+    const cells = [id, m.engine, state, `${m.running} / ${m.slots ?? "no cap"}`, `${m.waiting} / ${m.max_queue}`,
+      [...fellBack, why(id)].filter(Boolean).join("; ")];
     cells.forEach((text, i) => {
       const td = document.createElement("td");
       td.textContent = text;
-      if (i === 2) { td.className = isReady ? "ready" : "not_ready"; td.dataset.field = "ready"; }
+      if (i === 2) { td.className = isReady ? "ready" : (m.state === "failed" ? "not_ready" : "idle"); td.dataset.field = "ready"; }
       tr.appendChild(td);
     });
     rows.push(tr);

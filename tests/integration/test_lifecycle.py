@@ -157,10 +157,21 @@ def test_sigterm_stops_the_gateway_cleanly() -> None:
         assert "Application shutdown complete" in gw.log()
 
 
-def test_an_engine_that_is_not_installed_stops_start_up_with_the_install_command(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    config = tmp_path / "sglang.yaml"
-    config.write_text("models:\n  - source: default\n    engine: sglang\n")
+def test_an_engine_that_is_not_installed_falls_back_to_the_next_ranked_one_and_says_so() -> None:
+    with gateway(config_yaml="models:\n  - source: default\n    engine: sglang\n    context_length: 512\n") as gw:
+        view = httpx.get(gw.url + "/v1/gateway/plan", timeout=10).json()["models"][MODEL]
+        assert view["state"] == "loaded" and view["engine"] == "llamacpp"
+        failed = view["fallbacks"][0]
+        assert failed["engine"] == "sglang" and "not installed" in failed["reason"] and "pip install" in failed["reason"]
+        r = httpx.post(gw.base_url + "/chat/completions", json={**endless_chat(2)}, timeout=60)
+        assert r.status_code == 200
+
+
+def test_a_single_model_whose_every_engine_fails_stops_start_up_with_the_reason(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = tmp_path / "broken.yaml"
+    config.write_text("models:\n  - source: default\n    engine: llamacpp\n"
+                      "    options: {llama_kwargs: {model_path: /nonexistent/weights.gguf}}\n")
     result = run_cli("serve", "--port", "1", "--config", str(config))
     assert result.returncode == 3
-    assert "cannot start: the sglang engine is not installed" in result.stderr
-    assert "pip install" in result.stderr and "Traceback" not in result.stderr
+    assert "cannot start:" in result.stderr and "/nonexistent/weights.gguf" in result.stderr
+    assert "Traceback" not in result.stderr

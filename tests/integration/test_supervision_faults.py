@@ -144,9 +144,20 @@ async def test_stop_ends_a_worker_that_ignores_sigterm(tmp_path: Path) -> None:
     pgid = engine.process.pid
     assert pgid is not None
     await wait_for(lambda: len(group_members(pgid)) == 2, "the worker")
+    worker = next(pid for pid in group_members(pgid) if pid != pgid)
+    await wait_for(lambda: ignores_sigterm(worker), "the worker to ignore SIGTERM")  # it is a Python still starting
     await engine.stop()
     assert group_members(pgid) == []
     assert any("left in its group" in line for line in engine.logs(20))
+
+
+def ignores_sigterm(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigIgn:"))
+    return bool(mask & (1 << (signal.SIGTERM - 1)))
 
 
 def emulator_launch(endpoint: Endpoint) -> Launch:
