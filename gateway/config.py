@@ -93,6 +93,9 @@ class ModelConfig(BaseModel):
     """Never evicted to make room for another model (an admin may still unload it)."""
     ttl_seconds: float | None = Field(default=None, gt=0)
     """Unload after this long without a request; None: stay loaded until evicted."""
+    fallback: bool = True
+    """When the engine fails to load, try the plan's next ranked engines (each failure is reported);
+    false: the model fails with its own engine's reason (what `enginegate tune` needs to measure one engine)."""
 
 
 class MemoryBudget(BaseModel):

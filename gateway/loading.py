@@ -84,7 +84,7 @@ def engine_choices(
     """The engines to try for one model, in order (see the module's docstring)."""
     choices = [EngineChoice(first.name, plan, lambda: build(first, plan, True), charges(plan, path),
                             "chosen by the plan" if config.engine == "auto" else "set in the model's config")]
-    if plan is None:
+    if plan is None or not config.fallback:
         return choices
     ruled_out = {r.engine for r in plan.rejected}
     names = ([first.plans_as] if first.plans_as else []) + [c.engine for c in plan.candidates]

@@ -42,7 +42,7 @@ def _config(v: Variant, model: Path, w: Workload) -> str:
     return yaml.safe_dump({
         "shutdown_grace_seconds": 0,
         "models": [{"source": str(model), "name": SERVED, "engine": v.engine, "embeddings": False,
-                    "max_queue": max(16, 4 * w.concurrency), "options": v.options}],
+                    "fallback": False, "max_queue": max(16, 4 * w.concurrency), "options": v.options}],
     })
 
 

@@ -64,4 +64,29 @@ def test_an_engine_servers_process_group_is_measured_whole() -> None:
         import signal
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait()
+    for _ in range(200):  # the orphaned child dies (and is reaped by init) a moment after the signal
+        if footprint.group_rss(parent.pid) is None:
+            break
+        subprocess.run(["sleep", "0.05"])
     assert footprint.group_rss(parent.pid) is None
+
+
+def test_fallback_false_tries_only_the_models_own_engine() -> None:
+    from adapters import registry
+    from gateway.config import ModelConfig
+    from gateway.loading import engine_choices
+
+    snapshot = host("build-machine")
+    path = embedded_gguf()
+    plan = planning.plan(snapshot, load_spec(path), requested_engine="llama_server", installed=ALL)
+    first = registry.spec("llama_server")
+    built: list[str] = []
+
+    def build(engine, _plan, _user):  # type: ignore[no-untyped-def]
+        built.append(engine.name)
+        return []
+
+    with_fallback = engine_choices(plan, first, path, snapshot, ModelConfig(engine="llama_server"), build)
+    alone = engine_choices(plan, first, path, snapshot, ModelConfig(engine="llama_server", fallback=False), build)
+    assert [c.engine for c in alone] == ["llama_server"]
+    assert len(with_fallback) > 1 and with_fallback[1].engine == "llamacpp"  # the mode's own engine next
