@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 from adapters import registry
 from gateway.bench import SLO
@@ -16,6 +19,8 @@ from gateway.tuning.record import save, tune_dir
 from gateway.tuning.report import plot, render
 from gateway.tuning.tune import TuneRequest, tune
 from gateway.tuning.variants import MAX_VARIANTS, TuneError
+
+T = TypeVar("T")
 
 DEFAULT_BUDGET_S = 120.0
 
@@ -75,10 +80,34 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+async def _interruptible(work: Coroutine[Any, Any, T]) -> T:
+    """`work`, or KeyboardInterrupt after Ctrl-C once `work` has ended (its cleanup stops the variant's gateway).
+
+    The work is cancelled again every second until it ends: one cancellation can be absorbed where a
+    library turns it into a request error (a bench request counted as timed out), and tune must stop anyway.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    job = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({job, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        stopper.cancel()
+    if not stop.is_set():
+        return job.result()
+    while not job.done():
+        job.cancel()
+        await asyncio.wait({job}, timeout=1.0)
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         req = _request(args)
-        record = asyncio.run(tune(detect(), req, _say))
+        record = asyncio.run(_interruptible(tune(detect(), req, _say)))
     except (TuneError, SpecError, NoEngineError, ModelSourceError, FileNotFoundError, ValueError) as exc:
         print(f"enginegate tune: {exc}", file=sys.stderr)
         return 2
