@@ -21,7 +21,7 @@ CONFIG_ENV = "ENGINEGATE_CONFIG"
 
 
 class RoutingConfig(BaseModel):
-    """How a model's requests choose among its replicas (README: Replicas and routing)."""
+    """How a model's requests choose among its replicas (docs/routing.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -108,7 +108,7 @@ class ModelConfig(BaseModel):
 
 
 class MemoryBudget(BaseModel):
-    """Bytes the gateway may fill with models, per pool; None: the detected size (see README)."""
+    """Bytes the gateway may fill with models, per pool; None: the detected size (docs/models.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
