@@ -16,6 +16,7 @@ from tests.unit.planning import recipes
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+SNIPPET = re.compile(r'^--8<-- "([^"]+)"$', re.M)
 YAML_BLOCK = re.compile(r"^(?P<indent>[ \t]*)```yaml\n(?P<body>.*?)^(?P=indent)```", re.M | re.S)
 
 
@@ -26,6 +27,7 @@ def yaml_blocks() -> list[tuple[str, str]]:
         for m in YAML_BLOCK.finditer(text):
             indent = len(m.group("indent"))
             body = "".join(line[indent:] for line in m.group("body").splitlines(keepends=True))
+            body = SNIPPET.sub(lambda s: (ROOT / s.group(1)).read_text(), body)  # pymdownx.snippets' include
             found.append((f"{page.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}", body))
     return found
 
