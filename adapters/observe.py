@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 
 from adapters.base import StreamEvent, Usage
+from adapters.chat_shape import ToolCallDeltas, mend_completion
 from adapters.upstream_errors import error_event, normalise_error
 
 RESPONSES_CONTENT = frozenset({"response.output_text.delta", "response.function_call_arguments.delta",
@@ -37,8 +38,9 @@ def _observe_responses(payload: bytes, obj: dict[str, Any], kind: str) -> Stream
     return StreamEvent(payload, has_content=kind in RESPONSES_CONTENT)
 
 
-def observe(payload: bytes, drop_usage: bool) -> StreamEvent:
-    """Parse one event just enough for metrics; `data` stays the upstream's bytes."""
+def observe(payload: bytes, drop_usage: bool, tool_deltas: ToolCallDeltas | None = None) -> StreamEvent:
+    """Parse one event just enough for metrics; `data` stays the upstream's bytes, unless a chat chunk
+    deviates from OpenAI's shape (`tool_deltas` given): then the mended chunk is sent instead."""
     try:
         obj = orjson.loads(payload)
     except orjson.JSONDecodeError:
@@ -69,7 +71,22 @@ def observe(payload: bytes, drop_usage: bool) -> StreamEvent:
                 finish = choice["finish_reason"]
     if drop_usage and usage is not None and not choices:
         return StreamEvent(b"", usage=usage)
+    if tool_deltas is not None and tool_deltas.mend(obj):
+        payload = orjson.dumps(obj)
     return StreamEvent(payload, has_content, usage, finish)
+
+
+def mend_chat_body(body: bytes) -> tuple[bytes, Usage | None]:
+    """A relayed chat completion in OpenAI's shape (re-serialised only if it deviated), and its usage."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body, None
+    if not isinstance(obj, dict):
+        return body, None
+    if mend_completion(obj):
+        body = orjson.dumps(obj)
+    return body, _usage(obj.get("usage"))
 
 
 _SMALL_BODY = 64 * 1024
