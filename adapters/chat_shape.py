@@ -2,7 +2,7 @@
 
 What OpenAI sends and strict clients rely on (the spec's ChatCompletionResponseMessage and
 ChatCompletionStreamResponseDelta, and the official SDKs' stream accumulators):
-- every message has `refusal` (null when there is none);
+- every message has `refusal` and every choice `logprobs` (null when there is none);
 - a tool call streams as one chunk with `index`, `id`, `type` and `function.name` (and maybe the first
   `arguments`), then chunks with only `index` and `function.arguments` fragments. An accumulator joins
   every string it is sent, so a name repeated in each chunk becomes `get_weatherget_weather`;
@@ -41,7 +41,12 @@ def mend_completion(body: dict[str, Any]) -> bool:
     """A whole chat completion: every choice's message mended."""
     changed = False
     for choice in body.get("choices") or ():
-        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(choice, dict):
+            continue
+        if "logprobs" not in choice:  # required (nullable) in every choice; llama-server leaves it out
+            choice["logprobs"] = None
+            changed = True
+        message = choice.get("message")
         if isinstance(message, dict):
             changed = mend_message(message) or changed
     return changed

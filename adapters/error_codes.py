@@ -16,8 +16,6 @@ MODEL_NOT_FOUND: Final = "model_not_found"
 INVALID_API_KEY: Final = "invalid_api_key"
 RATE_LIMIT_EXCEEDED: Final = "rate_limit_exceeded"
 UNSUPPORTED_PARAMETER: Final = "unsupported_parameter"
-UNSUPPORTED_VALUE: Final = "unsupported_value"
-INVALID_VALUE: Final = "invalid_value"
 SERVER_ERROR: Final = "server_error"
 PREVIOUS_RESPONSE_NOT_FOUND: Final = "previous_response_not_found"
 
@@ -27,14 +25,13 @@ OPENAI_CODES: Final[dict[str, str]] = {
     INVALID_API_KEY: "missing or wrong API key",
     RATE_LIMIT_EXCEEDED: "the caller sent more than its limit allows",
     UNSUPPORTED_PARAMETER: "a parameter this model or engine does not support",
-    UNSUPPORTED_VALUE: "a parameter's value this model or engine does not support",
-    INVALID_VALUE: "a parameter's value is invalid (a token id outside the vocabulary, ...)",
     SERVER_ERROR: "the server failed (the Responses API's error.code for a failed response)",
     PREVIOUS_RESPONSE_NOT_FOUND: "Responses: previous_response_id names no stored response",
 }
 
 # -- the gateway's own codes: conditions OpenAI's API has no code for --
 GATEWAY_CODES: Final[dict[str, str]] = {
+    "invalid_token_id": "a token id outside the model's vocabulary (OpenAI documents no code for it)",
     "not_found": "no such route, stored response, replica or file",
     "unsupported_operation": "the model's engine does not serve this route (e.g. embeddings)",
     "invalid_function_call_output": "Responses: a function_call_output answers no earlier function_call",

@@ -76,6 +76,22 @@ def observe(payload: bytes, drop_usage: bool, tool_deltas: ToolCallDeltas | None
     return StreamEvent(payload, has_content, usage, finish)
 
 
+def split_usage(event: StreamEvent, drop_usage: bool) -> list[StreamEvent]:
+    """OpenAI sends usage in its own last chunk (`choices: []`); an engine that puts it on the finishing
+    chunk instead (llama-server's text completions) is split into that chunk and the usage chunk
+    (observe-only when the client did not ask for usage)."""
+    if event.usage is None or not event.data or b'"choices":[]' in event.data:
+        return [event]
+    obj = orjson.loads(event.data)
+    if not obj.get("choices"):
+        return [event]
+    usage = obj.pop("usage")
+    head = {k: obj[k] for k in ("id", "object", "created", "model") if k in obj}
+    usage_data = b"" if drop_usage else orjson.dumps({**head, "choices": [], "usage": usage})
+    return [StreamEvent(orjson.dumps(obj), event.has_content, None, event.finish_reason),
+            StreamEvent(usage_data, usage=event.usage)]
+
+
 def mend_chat_body(body: bytes) -> tuple[bytes, Usage | None]:
     """A relayed chat completion in OpenAI's shape (re-serialised only if it deviated), and its usage."""
     try:

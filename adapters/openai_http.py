@@ -27,7 +27,7 @@ import orjson
 
 from adapters.base import Completion, EngineError, RequestContext, StreamEvent
 from adapters.chat_shape import ToolCallDeltas
-from adapters.observe import extract_usage, mend_chat_body, observe
+from adapters.observe import extract_usage, mend_chat_body, observe, split_usage
 from adapters.sse import SSEParser
 from adapters.upstream_errors import error_event, error_exception, normalise_error
 
@@ -350,7 +350,11 @@ class Relay:
                         clean = True
                         return
                     event = observe(payload, drop_usage, tool_deltas)
-                    yield event
+                    if event.usage is not None and event.data:
+                        for part in split_usage(event, drop_usage):
+                            yield part
+                    else:
+                        yield event
                     if event.is_error:
                         return
                     if event.finish_reason is not None:

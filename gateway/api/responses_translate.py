@@ -252,6 +252,26 @@ def mend_response(response: dict[str, Any]) -> None:
         details.setdefault("cache_write_tokens", 0)
     if isinstance(response.get("tools"), list):
         response["tools"] = echoed_tools(response["tools"])
+    for item in response.get("output") or ():
+        mend_item(item)
+
+
+def mend_item(item: dict[str, Any]) -> bool:
+    """An output message's text parts carry `annotations` and `logprobs` (lists; required by the spec)."""
+    changed = False
+    for part in item.get("content") or () if isinstance(item, dict) and item.get("type") == "message" else ():
+        changed = mend_part(part) or changed
+    return changed
+
+
+def mend_part(part: dict[str, Any]) -> bool:
+    changed = False
+    if isinstance(part, dict) and part.get("type") == "output_text":
+        for key in ("annotations", "logprobs"):
+            if not isinstance(part.get(key), list):
+                part[key] = []
+                changed = True
+    return changed
 
 
 class ResponseShell:
@@ -450,6 +470,8 @@ class NativeResponsesWriter:
             self.restore(obj["response"])
             if kind in ("response.completed", "response.incomplete"):
                 self.final = obj["response"]
+            data = orjson.dumps(obj)
+        elif mend_item(obj.get("item")) or mend_part(obj.get("part")):  # type: ignore[arg-type]
             data = orjson.dumps(obj)
         return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 

@@ -37,10 +37,18 @@ def response(body: Json, model: str, rid: str, status: str, text: str | None, pr
     usage = None if text is None else {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
                                        "output_tokens": n, "output_tokens_details": {"reasoning_tokens": 0},
                                        "total_tokens": prompt + n}
+    # vLLM's ResponsesResponse echoes the request's settings and serialises its unset fields as null
+    # (`user`, and `usage` until the response is done); its function tools carry no `strict`.
     return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status, "model": model,
             "output": output, "usage": usage, "store": bool(body.get("store", True)),
             "previous_response_id": body.get("previous_response_id"), "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None}
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": body.get("instructions"), "metadata": body.get("metadata"),
+            "parallel_tool_calls": body.get("parallel_tool_calls", True), "temperature": body.get("temperature", 1.0),
+            "top_p": body.get("top_p", 1.0), "tool_choice": body.get("tool_choice", "auto"),
+            "tools": [{k: v for k, v in t.items() if k != "strict"} for t in body.get("tools") or []],
+            "max_output_tokens": body.get("max_output_tokens"), "user": body.get("user"), "truncation": "disabled",
+            "text": body.get("text") or {"format": {"type": "text"}}, "reasoning": None}
 
 
 async def serve(request: web.Request, body: Json, model: str, default_tokens: int, error_after: int | None) -> web.StreamResponse:
