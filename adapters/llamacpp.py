@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from adapters import forced_tools
 from adapters.base import (
     Adapter,
     Capabilities,
@@ -291,23 +292,22 @@ class LlamaCppAdapter(Adapter):
         """`tool_choice: "required"` as the named choice llama-cpp-python constrains by grammar: with one
         tool, that tool; with several, the model picks the name first, its output held to the names by a
         grammar (a few tokens; the prompt's KV is reused by the call that follows)."""
-        names = [str((tool.get("function") or {}).get("name") or "") for tool in kwargs["tools"]]
-        if len(names) == 1:
-            return {"type": "function", "function": {"name": names[0]}}
+        options = forced_tools.names(kwargs)
+        if len(options) == 1:
+            return {"type": "function", "function": {"name": options[0]}}
         self._require_loaded()
         from llama_cpp import LlamaGrammar
 
-        grammar = LlamaGrammar.from_string("root ::= " + " | ".join(orjson.dumps(n).decode() for n in names),
-                                           verbose=False)
+        grammar = LlamaGrammar.from_string(forced_tools.names_grammar(options), verbose=False)
         pick = {k: v for k, v in kwargs.items() if k not in ("tool_choice", "response_format", "stream")}
-        pick.update(max_tokens=max(len(n) for n in names) + 4, grammar=grammar)
+        pick.update(max_tokens=forced_tools.pick_max_tokens(options), grammar=grammar)
         loop = asyncio.get_running_loop()
         try:
             out = await loop.run_in_executor(self._executor, lambda: self._llm.create_chat_completion(**pick))
         except Exception as exc:  # noqa: BLE001 - the engine's failure, in the gateway's terms
             raise translator("chatcmpl")(exc) from exc
         picked = str(out["choices"][0]["message"].get("content") or "").strip()
-        name = picked if picked in names else names[0]
+        name = picked if picked in options else options[0]
         return {"type": "function", "function": {"name": name}}
 
     async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:

@@ -215,11 +215,10 @@ def test_completions_whole_and_streamed(gw: RunningGateway, model: str) -> None:
 
 
 def test_embeddings_float_and_base64(gw: RunningGateway, model: str) -> None:
-    listed = httpx.get(gw.base_url + "/models", timeout=30).json()
     r = httpx.post(gw.base_url + "/embeddings", json={"model": model, "input": ["hello world", "bye"]}, timeout=300)
     if r.status_code == 400 and r.json()["error"]["code"] == "unsupported_operation":
         check("ErrorResponse", r.json())
-        pytest.skip(f"{model} serves no embeddings ({listed['object']})")
+        pytest.skip(f"{model}'s engine serves no embeddings (its 400 checked)")
     assert r.status_code == 200, r.text
     floats = r.json()
     check("CreateEmbeddingResponse", floats)
@@ -365,14 +364,14 @@ def test_python_sdk_parses_a_structured_output(sdk: tuple[openai.OpenAI, str]) -
 
 def test_python_sdk_responses_stream_helper(sdk: tuple[openai.OpenAI, str]) -> None:
     client, model = sdk
-    if model != LOCAL:
-        pytest.skip("the emulated engines' own Responses API makes no tool calls")
     tool = openai.pydantic_function_tool(City, name="get_weather", description="Current weather in a city")
     with client.responses.stream(model=model, input="What is the weather in Paris?", tools=[tool],  # type: ignore[list-item]
                                  max_output_tokens=60, tool_choice="required", temperature=0) as stream:
         final = stream.get_final_response()
     calls = [o for o in final.output if o.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather" and isinstance(calls[0].parsed_arguments, City)  # type: ignore[union-attr]
+    if model != LOCAL:
+        return  # the emulators write `tok0 tok1 ...`, not JSON: only a real engine's constrained output parses
     with client.responses.stream(model=model, input="Name a city as JSON.", text_format=City, max_output_tokens=40,
                                  temperature=0) as stream:
         parsed = stream.get_final_response().output_parsed

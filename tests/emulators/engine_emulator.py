@@ -29,6 +29,7 @@ import orjson
 from aiohttp import web
 
 from tests.emulators import responses_api
+from tests.emulators.tool_calls import ToolCallPlan, forced_tool
 from tests.emulators.emulator_metrics import EmulatorMetrics
 from tests.emulators.styles import STYLES, ErrorReply, Json, Style, get_style
 
@@ -116,41 +117,6 @@ class Plan:
     """Choices per request (`n`): each the same text."""
 
 
-@dataclass(frozen=True)
-class ToolCallPlan:
-    """The call a forced tool_choice produces (engines with structured outputs, e.g. vLLM, constrain the
-    output to it): the named function, or for "required" the first one; each required string
-    property of its parameters gets the value ``tok0``."""
-
-    call_id: str
-    name: str
-    arguments: str
-
-    def fragments(self) -> list[str]:
-        """The arguments as an engine streams them: a few pieces that join to the whole."""
-        cut = [0, len(self.arguments) // 3, 2 * len(self.arguments) // 3, len(self.arguments)]
-        return [self.arguments[a:b] for a, b in zip(cut, cut[1:]) if b > a]
-
-
-def forced_tool(body: Json) -> ToolCallPlan | None:
-    tools = [t.get("function") or {} for t in body.get("tools") or [] if isinstance(t, dict)]
-    choice = body.get("tool_choice")
-    if not tools or choice in (None, "auto", "none"):
-        return None
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
-        fn = next((t for t in tools if t.get("name") == name), None)
-        if fn is None:
-            raise BadRequest(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-    elif choice == "required":
-        fn = tools[0]
-    else:
-        raise BadRequest(f"unknown tool_choice {choice!r}", param="tool_choice")
-    params = fn.get("parameters") or {}
-    args = {k: "tok0" for k in params.get("required") or [] if (params.get("properties") or {}).get(k, {}).get("type") == "string"}
-    return ToolCallPlan("call_" + uuid.uuid4().hex[:24], str(fn.get("name")), orjson.dumps(args).decode())
-
-
 def plan_generation(body: Json, chat: bool, default_tokens: int) -> Plan:
     if chat:
         messages = body.get("messages")
@@ -173,7 +139,10 @@ def plan_generation(body: Json, chat: bool, default_tokens: int) -> Plan:
         n = min(n, max_tokens)
     finish = "length" if max_tokens is not None and n >= max_tokens else "stop"
     options = body.get("stream_options") or {}
-    tool = forced_tool(body) if chat else None
+    try:
+        tool = forced_tool(body) if chat else None
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="tool_choice") from exc
     if tool is not None:
         finish = "tool_calls"
     choices = _positive_int(body, "n") or 1
