@@ -56,6 +56,7 @@ def observe(payload: bytes, drop_usage: bool, tool_deltas: ToolCallDeltas | None
         return StreamEvent(orjson.dumps(normalise_error(status, obj)), is_error=True)
     usage = _usage(obj.get("usage"))
     has_content = False
+    mendable = False  # a delta the mender may change: tool calls, or a null where OpenAI sends nothing
     finish: str | None = None
     if isinstance(choices, list):
         for choice in choices:
@@ -65,13 +66,15 @@ def observe(payload: bytes, drop_usage: bool, tool_deltas: ToolCallDeltas | None
             if isinstance(delta, dict):
                 if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content") or delta.get("reasoning"):
                     has_content = True
+                if "tool_calls" in delta or "function_call" in delta or ("role" in delta and delta["role"] is None):
+                    mendable = True
             elif choice.get("text"):
                 has_content = True
             if choice.get("finish_reason"):
                 finish = choice["finish_reason"]
     if drop_usage and usage is not None and not choices:
         return StreamEvent(b"", usage=usage)
-    if tool_deltas is not None and tool_deltas.mend(obj):
+    if mendable and tool_deltas is not None and tool_deltas.mend(obj):
         payload = orjson.dumps(obj)
     return StreamEvent(payload, has_content, usage, finish)
 
