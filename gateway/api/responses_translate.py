@@ -256,15 +256,17 @@ def mend_response(response: dict[str, Any]) -> None:
         mend_item(item)
 
 
-def mend_item(item: dict[str, Any]) -> bool:
+def mend_item(item: dict[str, Any] | None) -> bool:
     """An output message's text parts carry `annotations` and `logprobs` (lists; required by the spec)."""
+    if not isinstance(item, dict) or item.get("type") != "message":
+        return False
     changed = False
-    for part in item.get("content") or () if isinstance(item, dict) and item.get("type") == "message" else ():
+    for part in item.get("content") or ():
         changed = mend_part(part) or changed
     return changed
 
 
-def mend_part(part: dict[str, Any]) -> bool:
+def mend_part(part: dict[str, Any] | None) -> bool:
     changed = False
     if isinstance(part, dict) and part.get("type") == "output_text":
         for key in ("annotations", "logprobs"):
@@ -471,7 +473,7 @@ class NativeResponsesWriter:
             if kind in ("response.completed", "response.incomplete"):
                 self.final = obj["response"]
             data = orjson.dumps(obj)
-        elif mend_item(obj.get("item")) or mend_part(obj.get("part")):  # type: ignore[arg-type]
+        elif mend_item(obj.get("item")) or mend_part(obj.get("part")):
             data = orjson.dumps(obj)
         return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
