@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from adapters import llamacpp
-from adapters.base import Capabilities, Completion, EngineError, RequestContext
+from adapters import forced_tools, llamacpp
+from adapters.base import Capabilities, Completion, EngineError, RequestContext, StreamEvent
 from adapters.config import EngineConfig
 from adapters.launch import LaunchConfigError, strings
 from adapters.openai_http import UpstreamConnectionError
@@ -139,6 +139,24 @@ class LlamaServerAdapter(ServerAdapter):
         result = await self._forward(ROUTES["embeddings"], {**body, "stream": False}, ctx, self._embedder)
         assert isinstance(result, Completion)
         return result
+
+    async def chat(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+        """A forced tool_choice is made by the JSON schema of the function's parameters (llama-server's
+        own tool calls depend on the model's chat template and ignore `required` for many: SmolLM2's)."""
+        if not body.get("tools") or body.get("tool_choice") in (None, "auto", "none"):
+            return await super().chat(body, ctx)
+        fn = forced_tools.forced_function(body)
+        if fn is None and forced_tools.needs_pick(body):
+            picked = await super().chat(forced_tools.pick_request(body), ctx)
+            assert isinstance(picked, Completion)
+            fn = forced_tools.function_of(body, forced_tools.picked_name(picked, body))
+        if fn is None:
+            return await super().chat(body, ctx)  # a name not in tools: the engine's own 400
+        result = await super().chat(forced_tools.schema_request(body, fn), ctx)
+        name = str(fn.get("name"))
+        if isinstance(result, Completion):
+            return forced_tools.as_tool_call(result, name)
+        return forced_tools.as_tool_call_stream(result, name)
 
     async def props(self) -> bytes | None:
         """llama-server's /props (its slot count, context, model), or None while it does not serve."""

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from adapters import forced_tools
 from adapters.base import (
     Adapter,
     Capabilities,
@@ -34,6 +35,7 @@ from adapters.base import (
     UnsupportedError,
     Usage,
 )
+from adapters.chat_shape import ToolCallDeltas, mend_completion
 from adapters.config import EngineConfig
 from adapters.counters import StatsCounter
 from adapters.llamacpp_requests import text_messages, translator
@@ -274,12 +276,39 @@ class LlamaCppAdapter(Adapter):
         for key in ("tools", "tool_choice"):
             if body.get(key) is not None:
                 kwargs[key] = body[key]
+        if kwargs.get("tool_choice") == "required" and kwargs.get("tools"):
+            kwargs["tool_choice"] = await self._required_tool(kwargs)
         counter = self._counter(body)
         if body.get("stream"):
             return await self._stream(lambda: self._llm.create_chat_completion(
                 stream=True, logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl", "chat.completion.chunk")
-        return await self._complete(lambda: self._llm.create_chat_completion(
+        result = await self._complete(lambda: self._llm.create_chat_completion(
             logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl")
+        assert isinstance(result.body, dict)
+        mend_completion(result.body)
+        return result
+
+    async def _required_tool(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """`tool_choice: "required"` as the named choice llama-cpp-python constrains by grammar: with one
+        tool, that tool; with several, the model picks the name first, its output held to the names by a
+        grammar (a few tokens; the prompt's KV is reused by the call that follows)."""
+        options = forced_tools.names(kwargs)
+        if len(options) == 1:
+            return {"type": "function", "function": {"name": options[0]}}
+        self._require_loaded()
+        from llama_cpp import LlamaGrammar
+
+        grammar = LlamaGrammar.from_string(forced_tools.names_grammar(options), verbose=False)
+        pick = {k: v for k, v in kwargs.items() if k not in ("tool_choice", "response_format", "stream")}
+        pick.update(max_tokens=forced_tools.pick_max_tokens(options), grammar=grammar)
+        loop = asyncio.get_running_loop()
+        try:
+            out = await loop.run_in_executor(self._executor, lambda: self._llm.create_chat_completion(**pick))
+        except Exception as exc:  # noqa: BLE001 - the engine's failure, in the gateway's terms
+            raise translator("chatcmpl")(exc) from exc
+        picked = str(out["choices"][0]["message"].get("content") or "").strip()
+        name = picked if picked in options else options[0]
+        return {"type": "function", "function": {"name": name}}
 
     async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         kwargs = self._sampling(body)
@@ -424,11 +453,14 @@ class LlamaCppAdapter(Adapter):
         stream_id = f"{prefix}-{ctx.request_id}"
         created = int(time.time())
         finish_reason: str | None = None
+        tool_deltas = ToolCallDeltas() if prefix == "chatcmpl" else None
 
         try:
             async for item in stream.items(translator(prefix)):
                 item["id"] = stream_id
                 item["model"] = ctx.model
+                if tool_deltas is not None:
+                    tool_deltas.mend(item)
                 choice = item["choices"][0] if item.get("choices") else {}
                 finish_reason = choice.get("finish_reason") or finish_reason
                 delta = choice.get("delta") or {}

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from adapters.base import EngineError, UnsupportedError
+from adapters.base import ClientRequestError, EngineError, UnsupportedError
+from adapters.error_codes import CONTEXT_LENGTH_EXCEEDED
 
 
 def text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -28,10 +29,13 @@ def text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def translator(prefix: str) -> Callable[[BaseException], BaseException]:
     def translate(exc: BaseException) -> BaseException:
-        if isinstance(exc, (UnsupportedError, EngineError)):
+        if isinstance(exc, (UnsupportedError, EngineError, ClientRequestError)):
             return exc
-        if isinstance(exc, ValueError):  # llama-cpp-python reports a prompt over the context this way
-            return UnsupportedError(str(exc), "messages" if prefix == "chatcmpl" else "prompt")
+        param = "messages" if prefix == "chatcmpl" else "prompt"
+        if isinstance(exc, ValueError) and "context window" in str(exc):  # "Requested tokens (n) exceed context window of m"
+            return ClientRequestError(str(exc), 400, param, CONTEXT_LENGTH_EXCEEDED)
+        if isinstance(exc, ValueError):
+            return UnsupportedError(str(exc), param)
         return EngineError(f"llama.cpp generation failed: {exc}")
 
     return translate

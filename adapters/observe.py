@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 
 from adapters.base import StreamEvent, Usage
+from adapters.chat_shape import ToolCallDeltas, mend_completion
 from adapters.upstream_errors import error_event, normalise_error
 
 RESPONSES_CONTENT = frozenset({"response.output_text.delta", "response.function_call_arguments.delta",
@@ -37,8 +38,9 @@ def _observe_responses(payload: bytes, obj: dict[str, Any], kind: str) -> Stream
     return StreamEvent(payload, has_content=kind in RESPONSES_CONTENT)
 
 
-def observe(payload: bytes, drop_usage: bool) -> StreamEvent:
-    """Parse one event just enough for metrics; `data` stays the upstream's bytes."""
+def observe(payload: bytes, drop_usage: bool, tool_deltas: ToolCallDeltas | None = None) -> StreamEvent:
+    """Parse one event just enough for metrics; `data` stays the upstream's bytes, unless a chat chunk
+    deviates from OpenAI's shape (`tool_deltas` given): then the mended chunk is sent instead."""
     try:
         obj = orjson.loads(payload)
     except orjson.JSONDecodeError:
@@ -54,6 +56,7 @@ def observe(payload: bytes, drop_usage: bool) -> StreamEvent:
         return StreamEvent(orjson.dumps(normalise_error(status, obj)), is_error=True)
     usage = _usage(obj.get("usage"))
     has_content = False
+    mendable = False  # a delta the mender may change: tool calls, or a null where OpenAI sends nothing
     finish: str | None = None
     if isinstance(choices, list):
         for choice in choices:
@@ -63,13 +66,46 @@ def observe(payload: bytes, drop_usage: bool) -> StreamEvent:
             if isinstance(delta, dict):
                 if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content") or delta.get("reasoning"):
                     has_content = True
+                if "tool_calls" in delta or "function_call" in delta or ("role" in delta and delta["role"] is None):
+                    mendable = True
             elif choice.get("text"):
                 has_content = True
             if choice.get("finish_reason"):
                 finish = choice["finish_reason"]
     if drop_usage and usage is not None and not choices:
         return StreamEvent(b"", usage=usage)
+    if mendable and tool_deltas is not None and tool_deltas.mend(obj):
+        payload = orjson.dumps(obj)
     return StreamEvent(payload, has_content, usage, finish)
+
+
+def split_usage(event: StreamEvent, drop_usage: bool) -> list[StreamEvent]:
+    """OpenAI sends usage in its own last chunk (`choices: []`); an engine that puts it on the finishing
+    chunk instead (llama-server's text completions) is split into that chunk and the usage chunk
+    (observe-only when the client did not ask for usage)."""
+    if event.usage is None or not event.data or b'"choices":[]' in event.data:
+        return [event]
+    obj = orjson.loads(event.data)
+    if not obj.get("choices"):
+        return [event]
+    usage = obj.pop("usage")
+    head = {k: obj[k] for k in ("id", "object", "created", "model") if k in obj}
+    usage_data = b"" if drop_usage else orjson.dumps({**head, "choices": [], "usage": usage})
+    return [StreamEvent(orjson.dumps(obj), event.has_content, None, event.finish_reason),
+            StreamEvent(usage_data, usage=event.usage)]
+
+
+def mend_chat_body(body: bytes) -> tuple[bytes, Usage | None]:
+    """A relayed chat completion in OpenAI's shape (re-serialised only if it deviated), and its usage."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body, None
+    if not isinstance(obj, dict):
+        return body, None
+    if mend_completion(obj):
+        body = orjson.dumps(obj)
+    return body, _usage(obj.get("usage"))
 
 
 _SMALL_BODY = 64 * 1024

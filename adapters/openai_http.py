@@ -26,7 +26,8 @@ import aiohttp
 import orjson
 
 from adapters.base import Completion, EngineError, RequestContext, StreamEvent
-from adapters.observe import extract_usage, observe
+from adapters.chat_shape import ToolCallDeltas
+from adapters.observe import extract_usage, mend_chat_body, observe, split_usage
 from adapters.sse import SSEParser
 from adapters.upstream_errors import error_event, error_exception, normalise_error
 
@@ -49,6 +50,8 @@ HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
     "te", "trailer", "trailers", "transfer-encoding", "upgrade",
 })
+CHAT_PATH = "/chat/completions"
+"""Chat results are mended where an engine deviates from OpenAI's shape (adapters/chat_shape.py)."""
 # Never forwarded either: framing the relay sets itself, and the client's credentials for the gateway.
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "content-type", "accept", "accept-encoding", "authorization", "x-api-key"}
 
@@ -304,6 +307,9 @@ class Relay:
             raise EngineError(f"{self.engine} did not finish within {self.timeouts.total:.0f}s", 504, "upstream_timeout") from None
         except UpstreamConnectionError as exc:
             raise EngineError(f"{self.engine} connection lost: {exc}", 502, "engine_disconnected") from exc
+        if path.endswith(CHAT_PATH):
+            raw, usage = mend_chat_body(raw)
+            return Completion(body=raw, usage=usage)
         return Completion(body=raw, usage=extract_usage(raw))
 
     async def stream(self, upstream: Upstream, path: str, body: dict[str, Any], ctx: RequestContext) -> AsyncIterator[StreamEvent]:
@@ -319,9 +325,10 @@ class Relay:
         resp = await self._send("POST", upstream, path, orjson.dumps(body), headers, self.timeouts.first_byte)
         if resp.status != 200:
             raise await self._fail(resp)
-        return self._events(resp, drop_usage)
+        return self._events(resp, drop_usage, ToolCallDeltas() if path.endswith(CHAT_PATH) else None)
 
-    async def _events(self, resp: UpstreamResponse, drop_usage: bool) -> AsyncIterator[StreamEvent]:
+    async def _events(self, resp: UpstreamResponse, drop_usage: bool,
+                      tool_deltas: ToolCallDeltas | None = None) -> AsyncIterator[StreamEvent]:
         parser = SSEParser()
         timeout = self.timeouts.first_byte
         finished = False  # [DONE] seen, or a finish_reason (engines that omit [DONE])
@@ -342,8 +349,12 @@ class Relay:
                     if payload == b"[DONE]":
                         clean = True
                         return
-                    event = observe(payload, drop_usage)
-                    yield event
+                    event = observe(payload, drop_usage, tool_deltas)
+                    if event.usage is not None and event.data:
+                        for part in split_usage(event, drop_usage):
+                            yield part
+                    else:
+                        yield event
                     if event.is_error:
                         return
                     if event.finish_reason is not None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from http import HTTPStatus
 from typing import Any
 
 import orjson
 
 from adapters.base import ClientRequestError, EngineError, StreamEvent
+from adapters.error_codes import CONTEXT_LENGTH_EXCEEDED
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -25,6 +27,9 @@ _TYPE_BY_STATUS = {
 }
 # Types an engine may send that are kept as they are (llama-server says unavailable_error while loading).
 _OPENAI_TYPES = frozenset(_TYPE_BY_STATUS.values()) | {"server_error", "timeout_error", "unavailable_error"}
+# How engines say a prompt is over the context (llama-server's type; vLLM, SGLang, TensorRT-LLM's messages).
+_CONTEXT_TYPES = frozenset({"exceed_context_size_error"})
+_CONTEXT_MESSAGE = re.compile(r"context (length|size|window)|maximum context|max_model_len|max_seq_len", re.IGNORECASE)
 
 
 def error_type(status: int) -> str:
@@ -79,10 +84,12 @@ def normalise_error(status: int, raw: bytes | str | dict[str, Any] | None) -> di
         code = source.get("code")
     elif source is not None and message is None:
         message = source if isinstance(source, str) else orjson.dumps(source).decode()
-    if etype not in _OPENAI_TYPES:
-        etype = error_type(status)
     if isinstance(code, int) and code == status:
         code = None  # llama-server repeats the status as code: no extra information
+    if status == 400 and not isinstance(code, str) and (etype in _CONTEXT_TYPES or _CONTEXT_MESSAGE.search(message or "")):
+        code = CONTEXT_LENGTH_EXCEEDED  # OpenAI's code for it, whatever the engine called it
+    if etype not in _OPENAI_TYPES:
+        etype = error_type(status)
     return {"error": {"message": message or _reason(status), "type": etype, "param": param, "code": code}}
 
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from adapters.base import Completion, StreamEvent, Usage
+from adapters.error_codes import response_error_code
 from gateway.api.chat_reader import (
     ChatOutput,
     ChunkReader,
@@ -213,7 +214,7 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str, A
 
 def usage_body(usage: Usage | None) -> dict[str, Any]:
     usage = usage or Usage()
-    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage.total_tokens}
 
@@ -230,6 +231,49 @@ def text_part(text: str) -> dict[str, Any]:
 def call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
     return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
             "arguments": call.arguments if status != "in_progress" else "", "status": status}
+
+
+def echoed_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The request's tools as a Response echoes them: a function tool always carries `strict` and
+    `parameters` (null when the client sent none; the spec requires both keys)."""
+    return [{**tool, "strict": tool.get("strict"), "parameters": tool.get("parameters")}
+            if tool.get("type") == "function" else tool for tool in tools or []]
+
+
+def mend_response(response: dict[str, Any]) -> None:
+    """An engine's own Response object in the spec's shape: no null `user`/`usage` (absent instead),
+    `cache_write_tokens` in the usage, `strict` on echoed function tools."""
+    for key in ("user", "usage"):
+        if key in response and response[key] is None:
+            del response[key]
+    details = (response.get("usage") or {}).get("input_tokens_details")
+    if isinstance(details, dict):
+        details.setdefault("cached_tokens", 0)
+        details.setdefault("cache_write_tokens", 0)
+    if isinstance(response.get("tools"), list):
+        response["tools"] = echoed_tools(response["tools"])
+    for item in response.get("output") or ():
+        mend_item(item)
+
+
+def mend_item(item: dict[str, Any] | None) -> bool:
+    """An output message's text parts carry `annotations` and `logprobs` (lists; required by the spec)."""
+    if not isinstance(item, dict) or item.get("type") != "message":
+        return False
+    changed = False
+    for part in item.get("content") or ():
+        changed = mend_part(part) or changed
+    return changed
+
+
+def mend_part(part: dict[str, Any] | None) -> bool:
+    changed = False
+    if isinstance(part, dict) and part.get("type") == "output_text":
+        for key in ("annotations", "logprobs"):
+            if not isinstance(part.get(key), list):
+                part[key] = []
+                changed = True
+    return changed
 
 
 class ResponseShell:
@@ -252,9 +296,10 @@ class ResponseShell:
             "previous_response_id": req.previous_response_id, "reasoning": {"effort": None, "summary": None},
             "store": req.store, "temperature": req.temperature if req.temperature is not None else 1.0,
             "text": {"format": fmt}, "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-            "tools": req.tools or [], "top_p": req.top_p if req.top_p is not None else 1.0,
-            "truncation": "disabled", "usage": usage_body(usage) if status != "in_progress" else None,
-            "user": req.user, "metadata": req.metadata or {},
+            "tools": echoed_tools(req.tools), "top_p": req.top_p if req.top_p is not None else 1.0,
+            "truncation": "disabled", "metadata": req.metadata or {},
+            **({"usage": usage_body(usage)} if status != "in_progress" else {}),
+            **({"user": req.user} if req.user is not None else {}),
         }
 
     def finished(self, out: ChatOutput, item_ids: tuple[str, list[str]] | None = None) -> dict[str, Any]:
@@ -351,14 +396,13 @@ class ResponsesWriter:
                                                                             "output_index": self.index, "delta": part.arguments})
         return out
 
-    def _failed(self, message: str, code: str | None) -> bytes:
-        error = {"code": code or "server_error", "message": message}
-        return (self._sse("error", {"code": code or "server_error", "message": message, "param": None})
+    def _failed(self, message: str, code: str | None, status: int = 500) -> bytes:
+        error = {"code": response_error_code(code, status), "message": message}
+        return (self._sse("error", {"code": code or error["code"], "message": message, "param": None})
                 + self._sse("response.failed", {"response": self.shell.body("failed", [], error=error)}))
 
     def error(self, status: int, message: str) -> bytes:
-        code = error_payload(status, message)["error"]["type"]
-        return self._start() + self._failed(message, code)
+        return self._start() + self._failed(message, None, status)
 
     async def end(self) -> bytes:
         out = self._start()
@@ -410,6 +454,7 @@ class NativeResponsesWriter:
         self.next_seq = 0
 
     def restore(self, response: dict[str, Any]) -> None:
+        mend_response(response)
         response["store"] = self.req.store
         response["previous_response_id"] = self.req.previous_response_id
 
@@ -427,6 +472,8 @@ class NativeResponsesWriter:
             self.restore(obj["response"])
             if kind in ("response.completed", "response.incomplete"):
                 self.final = obj["response"]
+            data = orjson.dumps(obj)
+        elif mend_item(obj.get("item")) or mend_part(obj.get("part")):
             data = orjson.dumps(obj)
         return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 

@@ -12,7 +12,7 @@ def render() -> str:
     for entry in ERROR_CODES:
         statuses = ", ".join(str(s) for s in entry.statuses) or "stream event"
         types = ", ".join(dict.fromkeys(f"`{error_type(s)}`" for s in entry.statuses)) or "-"
-        rows.append([f"`{entry.code}`", statuses, types, cell(entry.meaning)])
+        rows.append([f"`{entry.code}`", "OpenAI's" if entry.origin == "openai" else "gateway", statuses, types, cell(entry.meaning)])
     return "\n".join([
         "# Error codes",
         "",
@@ -20,7 +20,8 @@ def render() -> str:
         "(on `/v1/messages`, Anthropic's `{\"type\": \"error\", \"error\": {\"type\", \"message\"}}`); `type` follows",
         "from the HTTP status. These are the `code`s the gateway itself writes, from `adapters/error_codes.py`",
         "(a test fails when the source sends a code that table lacks). Errors an engine returns are relayed",
-        "with the engine's own code. See [the API](../api.md#errors) for when each status is sent.",
+        "with the engine's own code (a context overflow becomes `context_length_exceeded`). *Whose*: OpenAI's own code",
+        "for the condition, or the gateway's where OpenAI documents none. See [the API](../api.md#errors) for when each status is sent.",
         "",
-        table(["code", "HTTP status", "type", "meaning"], rows),
+        table(["code", "whose", "HTTP status", "type", "meaning"], rows),
     ])

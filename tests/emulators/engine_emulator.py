@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import os
 import random
+import struct
 import subprocess
 import sys
 import time
@@ -27,6 +29,7 @@ import orjson
 from aiohttp import web
 
 from tests.emulators import responses_api
+from tests.emulators.tool_calls import ToolCallPlan, forced_tool
 from tests.emulators.emulator_metrics import EmulatorMetrics
 from tests.emulators.styles import STYLES, ErrorReply, Json, Style, get_style
 
@@ -109,6 +112,9 @@ class Plan:
     stream: bool
     include_usage: bool
     max_tokens: int | None  # as requested; the context check uses it, as engines do
+    tool: ToolCallPlan | None = None
+    n: int = 1
+    """Choices per request (`n`): each the same text."""
 
 
 def plan_generation(body: Json, chat: bool, default_tokens: int) -> Plan:
@@ -133,7 +139,15 @@ def plan_generation(body: Json, chat: bool, default_tokens: int) -> Plan:
         n = min(n, max_tokens)
     finish = "length" if max_tokens is not None and n >= max_tokens else "stop"
     options = body.get("stream_options") or {}
-    return Plan(prompt_tokens, n, finish, bool(body.get("stream")), bool(options.get("include_usage")), max_tokens)
+    try:
+        tool = forced_tool(body) if chat else None
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="tool_choice") from exc
+    if tool is not None:
+        finish = "tool_calls"
+    choices = _positive_int(body, "n") or 1
+    return Plan(prompt_tokens, n, finish, bool(body.get("stream")), bool(options.get("include_usage")), max_tokens, tool,
+                choices)
 
 
 def usage(prompt: int, completion: int) -> Json:
@@ -189,7 +203,7 @@ class Emulator:
             r.add_get("/metrics", self.trtllm_json_metrics)
         if name in ("trtllm", "vllm"):
             r.add_get("/version", self.version)
-        if name == "vllm":
+        if name in ("vllm", "trtllm"):  # both serve the Responses API themselves
             r.add_post("/v1/responses", self.responses)
         if name == "dynamo":
             r.add_get("/live", self.live)
@@ -356,8 +370,12 @@ class Emulator:
             inputs = [inputs]
         if not isinstance(inputs, list) or not inputs:
             return self.error(400, "input must be a string or a non-empty list", "input")
-        data = [{"object": "embedding", "index": i, "embedding": embedding(str(x), self.cfg.embedding_dim)}
-                for i, x in enumerate(inputs)]
+        vectors = [embedding(str(x), self.cfg.embedding_dim) for x in inputs]
+        if body.get("encoding_format") == "base64":  # little-endian float32, as vLLM and OpenAI send it
+            encoded: list[Any] = [base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() for v in vectors]
+        else:
+            encoded = vectors
+        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(encoded)]
         tokens = count_words(inputs)
         return web.json_response({"object": "list", "data": data, "model": self.cfg.model,
                                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
@@ -443,16 +461,22 @@ class Emulator:
         text = "".join(token_text(i) for i in range(n))
         rid, _ = self.ids(chat)
         choice: Json
-        if chat:
+        if chat and plan.tool is not None:
+            call = {"id": plan.tool.call_id, "type": "function",
+                    "function": {"name": plan.tool.name, "arguments": plan.tool.arguments}}
+            choice = {"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                      "logprobs": None, "finish_reason": plan.finish_reason}
+        elif chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                       "finish_reason": plan.finish_reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": plan.finish_reason}
         end = time.perf_counter()
         payload: Json = {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                         "created": int(time.time()), "model": self.cfg.model, "choices": [choice]}
+                         "created": int(time.time()), "model": self.cfg.model,
+                         "choices": [{**choice, "index": i} for i in range(plan.n)]}
         if not self.cfg.no_usage:
-            payload["usage"] = usage(plan.prompt_tokens, n)
+            payload["usage"] = usage(plan.prompt_tokens, n * plan.n)
         payload.update(self.style.extra_final_fields(plan.prompt_tokens, n, self.cfg.ttft, end - start - self.cfg.ttft))
         self.record(plan, start, start + self.cfg.ttft, end, n)
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
@@ -477,12 +501,23 @@ class Emulator:
                 choice: Json = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            return {"id": rid, "object": obj, "created": created, "model": cfg.model, "choices": [choice]}
+            return {"id": rid, "object": obj, "created": created, "model": cfg.model,
+                    "choices": [{**choice, "index": i} for i in range(plan.n)]}
 
         for comment in style.comments_before_first_token(plan.prompt_tokens):
             await response.write(comment)
-        n = plan.completion_tokens
+        n = produced = plan.completion_tokens
         first: float | None = None
+        if plan.tool is not None:  # the call opens once (id, type, name), then arguments fragments
+            await self.until(start, 0)
+            first = time.perf_counter()
+            await emit(chunk({"role": "assistant", "content": ""}, None, None))
+            opened = {"index": 0, "id": plan.tool.call_id, "type": "function",
+                      "function": {"name": plan.tool.name, "arguments": ""}}
+            await emit(chunk({"tool_calls": [opened]}, None, None))
+            for fragment in plan.tool.fragments():
+                await emit(chunk({"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}, None, None))
+            n, produced = 0, len(plan.tool.fragments()) + 1
         for i in range(n):
             if i == cfg.crash_after:
                 os._exit(1)
@@ -513,14 +548,14 @@ class Emulator:
         end = time.perf_counter()
         final = chunk(style.final_delta() if chat else None, "", plan.finish_reason)
         gen_s = end - first if first is not None else 0.0
-        final.update(style.extra_final_fields(plan.prompt_tokens, n, (first or end) - start, gen_s))
+        final.update(style.extra_final_fields(plan.prompt_tokens, produced, (first or end) - start, gen_s))
         await emit(final)
         if plan.include_usage and not cfg.no_usage:
             await emit({"id": rid, "object": style.usage_object() if chat else obj, "created": created,
-                        "model": cfg.model, "choices": [], "usage": usage(plan.prompt_tokens, n)})
+                        "model": cfg.model, "choices": [], "usage": usage(plan.prompt_tokens, produced * plan.n)})
         await response.write(b"data: [DONE]" + style.separator)
         await response.write_eof()
-        self.record(plan, start, first, end, n)
+        self.record(plan, start, first, end, produced)
         if cfg.close_after_stream and request.transport is not None:
             request.transport.close()
         return response

@@ -10,6 +10,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from tests.emulators.tool_calls import ToolCallPlan, forced_responses_tool
+
 Json = dict[str, Any]
 
 
@@ -31,16 +33,34 @@ def plan(body: Json, default_tokens: int) -> tuple[int, int, bool]:
     return prompt, n, isinstance(limit, int) and n >= limit
 
 
-def response(body: Json, model: str, rid: str, status: str, text: str | None, prompt: int, n: int) -> Json:
-    output = [] if text is None else [{"type": "message", "id": "msg_" + rid[5:], "status": "completed", "role": "assistant",
-                                       "content": [{"type": "output_text", "text": text, "annotations": []}]}]
+def call_item(rid: str, call: ToolCallPlan, status: str) -> Json:
+    return {"type": "function_call", "id": "fc_" + rid[5:], "call_id": call.call_id, "name": call.name,
+            "arguments": call.arguments if status == "completed" else "", "status": status}
+
+
+def response(body: Json, model: str, rid: str, status: str, text: str | None, prompt: int, n: int,
+             call: ToolCallPlan | None = None) -> Json:
+    if call is not None and text is not None:
+        output = [call_item(rid, call, "completed")]
+    else:
+        output = [] if text is None else [{"type": "message", "id": "msg_" + rid[5:], "status": "completed",
+                                           "role": "assistant",
+                                           "content": [{"type": "output_text", "text": text, "annotations": []}]}]
     usage = None if text is None else {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
                                        "output_tokens": n, "output_tokens_details": {"reasoning_tokens": 0},
                                        "total_tokens": prompt + n}
+    # vLLM's ResponsesResponse echoes the request's settings and serialises its unset fields as null
+    # (`user`, and `usage` until the response is done); its function tools carry no `strict`.
     return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status, "model": model,
             "output": output, "usage": usage, "store": bool(body.get("store", True)),
             "previous_response_id": body.get("previous_response_id"), "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None}
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": body.get("instructions"), "metadata": body.get("metadata"),
+            "parallel_tool_calls": body.get("parallel_tool_calls", True), "temperature": body.get("temperature", 1.0),
+            "top_p": body.get("top_p", 1.0), "tool_choice": body.get("tool_choice", "auto"),
+            "tools": [{k: v for k, v in t.items() if k != "strict"} for t in body.get("tools") or []],
+            "max_output_tokens": body.get("max_output_tokens"), "user": body.get("user"), "truncation": "disabled",
+            "text": body.get("text") or {"format": {"type": "text"}}, "reasoning": None}
 
 
 async def serve(request: web.Request, body: Json, model: str, default_tokens: int, error_after: int | None) -> web.StreamResponse:
@@ -51,12 +71,17 @@ async def serve(request: web.Request, body: Json, model: str, default_tokens: in
         return web.json_response({"object": "error", "message": "Response with id "
                                   f"'{body['previous_response_id']}' not found.", "type": "NotFoundError",
                                   "param": None, "code": 404}, status=404)
+    try:
+        call = forced_responses_tool(body)
+    except ValueError as exc:
+        return web.json_response({"object": "error", "message": str(exc), "type": "BadRequestError",
+                                  "param": "tool_choice", "code": 400}, status=400)
     prompt, n, incomplete = plan(body, default_tokens)
     rid = "resp_" + uuid.uuid4().hex
     text = "".join(f"tok{i} " if i < n - 1 else f"tok{i}" for i in range(n))
-    status = "incomplete" if incomplete else "completed"
+    status = "incomplete" if incomplete and call is None else "completed"
     if not body.get("stream"):
-        return web.json_response(response(body, model, rid, status, text, prompt, n))
+        return web.json_response(response(body, model, rid, status, text, prompt, n, call))
     out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await out.prepare(request)
     seq = 0
@@ -70,6 +95,17 @@ async def serve(request: web.Request, body: Json, model: str, default_tokens: in
     shell = response(body, model, rid, "in_progress", None, prompt, n)
     await emit("response.created", {"response": shell})
     await emit("response.in_progress", {"response": shell})
+    if call is not None:  # the call item, its arguments in fragments, as vLLM streams a forced call
+        fc_id = "fc_" + rid[5:]
+        await emit("response.output_item.added", {"output_index": 0, "item": call_item(rid, call, "in_progress")})
+        for fragment in call.fragments():
+            await emit("response.function_call_arguments.delta", {"item_id": fc_id, "output_index": 0, "delta": fragment})
+        await emit("response.function_call_arguments.done", {"item_id": fc_id, "output_index": 0, "name": call.name,
+                                                              "arguments": call.arguments})
+        await emit("response.output_item.done", {"output_index": 0, "item": call_item(rid, call, "completed")})
+        await emit("response.completed", {"response": response(body, model, rid, "completed", text, prompt, n, call)})
+        await out.write_eof()
+        return out
     await emit("response.output_item.added", {"output_index": 0, "item": {"type": "message", "id": item_id,
                                                                           "status": "in_progress", "role": "assistant", "content": []}})
     part = {"type": "output_text", "text": "", "annotations": []}
