@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from gateway.api.messages_translate import CountTokensRequest, MessagesRequest
 from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from gateway.api.responses_translate import ResponsesRequest
+from gateway.tenancy.access import required_access
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
@@ -52,14 +53,16 @@ ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
 }
 WHY: dict[int, str] = {
     400: "Invalid request: bad JSON, a field out of range (`param` names it), unsupported by the engine, over the context",
-    401: "Missing or wrong API key (when api_keys are configured)",
+    401: "Missing, wrong, revoked or expired API key (when keys are configured)",
+    403: "The route needs a key with role admin",
+    409: "A key with that name exists",
     404: "Unknown model or route",
     408: "The request body did not arrive in time",
     413: "Request body over max_body_bytes",
-    429: "The model's queue is full (Retry-After)",
+    429: "The key's rate limit (rate_limit_exceeded) or budget (insufficient_quota), or the model's queue is full (Retry-After)",
     500: "Engine failure",
     502: "The engine broke the connection or answered 5xx",
-    503: "Engine not ready, restarting or failed; or the gateway is draining (Retry-After)",
+    503: "Engine not ready, restarting or failed; the key store unreachable; or the gateway is draining (Retry-After)",
     504: "The engine did not answer in time",
 }
 GENERATION_ERRORS = (400, 401, 404, 408, 413, 429, 500, 502, 503, 504)
@@ -107,10 +110,12 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 responses["200"] = {"description": "The OpenAI response (an SSE stream when `stream` is true)",
                                     "content": content}
                 responses.update(_errors(GENERATION_ERRORS, _error_schema(path)))
-            elif path.startswith(("/v1/", "/admin/")):
+            elif required_access(path) in ("user", "admin"):
                 responses.update(_errors(PROTECTED_ERRORS))
                 if "{" in path:
                     responses.update(_errors((404,)))
+            if required_access(path) == "admin":
+                responses.update(_errors((403,)))
             if path == "/metrics":
                 responses["200"] = {"description": "Prometheus text exposition",
                                     "content": {"text/plain": {"schema": {"type": "string"}}}}
