@@ -4,6 +4,7 @@ budget). Pure: no I/O. The secret itself exists only in the answer to create/rot
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -101,6 +102,8 @@ def hash_secret(secret: str | bytes) -> str:
 
 
 def new_record(name: str, policy: KeyPolicy, now: float | None = None) -> tuple[KeyRecord, str]:
+    if not re.fullmatch(VALID_NAME, name):
+        raise ValueError(f"a key name is 1-64 letters, digits, '.', '_' or '-' (got {name[:64]!r})")
     secret = new_secret()
     return KeyRecord(name, hash_secret(secret), policy, time.time() if now is None else now), secret
 
