@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from gateway.api.admin_keys import NewKey
 from gateway.api.messages_translate import CountTokensRequest, MessagesRequest
 from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from gateway.api.responses_translate import ResponsesRequest
@@ -23,6 +24,8 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "/v1/messages": MessagesRequest,
     "/v1/messages/count_tokens": CountTokensRequest,
 }
+ADMIN_REQUEST_MODELS: dict[str, type[BaseModel]] = {"/admin/keys": NewKey}
+"""Admin routes that parse a JSON body: documented with it, and with 400 (invalid) and 409 (name taken)."""
 STREAMING = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
 ANTHROPIC = "/v1/messages"  # its errors have Anthropic's shape
 
@@ -81,7 +84,7 @@ def _error_schema(path: str) -> str:
 
 
 def _request_schemas(components: dict[str, Any]) -> None:
-    for model in REQUEST_MODELS.values():
+    for model in (*REQUEST_MODELS.values(), *ADMIN_REQUEST_MODELS.values()):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema
@@ -116,6 +119,11 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                     responses.update(_errors((404,)))
             if required_access(path) == "admin":
                 responses.update(_errors((403,)))
+            if path in ADMIN_REQUEST_MODELS and "requestBody" not in operation and operation is operations.get("post"):
+                model = ADMIN_REQUEST_MODELS[path].__name__
+                operation["requestBody"] = {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": f"#/components/schemas/{model}"}}}}
+                responses.update(_errors((400, 409)))
             if path == "/metrics":
                 responses["200"] = {"description": "Prometheus text exposition",
                                     "content": {"text/plain": {"schema": {"type": "string"}}}}
