@@ -1,5 +1,6 @@
 """A real redis-server (Debian's) on a free port for the tenancy tests: append-only with fsync on
-every write, so a kill -9 and a restart on the same port keep what was written."""
+every write (so a kill -9 and a restart on the same port keep what was written), or, for the
+benchmarks, Debian's default durability (no fsync per write)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def require_redis_server() -> str:
 class RedisServer:
     port: int
     folder: Path
+    fsync_always: bool = True
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -42,7 +44,8 @@ class RedisServer:
     def start(self) -> None:
         self.process = subprocess.Popen(
             [require_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"],
+             *(("--appendonly", "yes", "--appendfsync", "always", "--save", "") if self.fsync_always else ()),
+             "--protected-mode", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -64,10 +67,10 @@ class RedisServer:
 
 
 @contextmanager
-def redis_server() -> Iterator[RedisServer]:
+def redis_server(fsync_always: bool = True) -> Iterator[RedisServer]:
     require_redis_server()
     with tempfile.TemporaryDirectory(prefix="enginegate-redis-") as folder:
-        server = RedisServer(free_port(), Path(folder))
+        server = RedisServer(free_port(), Path(folder), fsync_always)
         server.start()
         try:
             yield server

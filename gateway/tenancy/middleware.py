@@ -100,22 +100,20 @@ class AuthMiddleware:
                         self._identify(scope, record)
             await self.app(scope, receive, send)
             return
-        if not await self.tenancy.required():
-            await self.app(scope, receive, send)
-            return
-        if not token:
-            await send_error(send, 401, "Missing API key: send Authorization: Bearer <key>", "invalid_api_key",
-                         [(b"www-authenticate", b"Bearer")])
-            return
-        try:
-            record = await self.tenancy.authenticate(token)
-        except StoreUnavailable:
-            await send_error(send, 503, "The key store is unreachable; try again shortly.", "store_unavailable",
-                         [(b"retry-after", str(self.retry_after).encode())])
-            return
+        record = None
+        if token:
+            try:
+                record = await self.tenancy.authenticate(token)
+            except StoreUnavailable:
+                await send_error(send, 503, "The key store is unreachable; try again shortly.", "store_unavailable",
+                                 [(b"retry-after", str(self.retry_after).encode())])
+                return
         if record is None:
-            await send_error(send, 401, "Incorrect, revoked or expired API key.", "invalid_api_key",
-                         [(b"www-authenticate", b"Bearer")])
+            if not await self.tenancy.required():  # no keys anywhere: every route is open
+                await self.app(scope, receive, send)
+                return
+            message = "Incorrect, revoked or expired API key." if token else "Missing API key: send Authorization: Bearer <key>"
+            await send_error(send, 401, message, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
             return
         if access == "admin" and not record.caller().is_admin:
             await send_error(send, 403, f"{scope['path']} needs a key with role admin.", "permission_denied")

@@ -177,21 +177,28 @@ class RedisKeyStore:
         counters = Counters(*(int(v) for v in out[1:7]))
         return Decision(limits, counters, refused or None)  # type: ignore[arg-type]
 
+    def _settle_call(self, s: Settlement) -> tuple[list[str], list[Any]]:
+        u, limits = s.usage, s.limits
+        keys = [f"{self.p}inflight:{s.name}", f"{self.p}w:{s.name}:tokens",
+                f"{self.p}budget:{s.name}:{limits.budget_period if limits else '-'}",
+                f"{self.p}usage:{u.day}:{u.name}:{u.model}", self.p + "usage"]
+        args: list[Any] = [
+            int(bool(s.release and limits and limits.concurrency)), int(bool(limits and limits.tpm)),
+            int(bool(limits and limits.budget)), s.token_delta, limits.window_ms if limits else 1,
+            (limits.budget_reset_ms + BUDGET_KEEP_MS) if limits else 1, SEP.join((u.day, u.name, u.model))]
+        for f in USAGE_FIELDS:
+            args += [f, getattr(u, f)]
+        return keys, args
+
     async def settle(self, settlements: list[Settlement]) -> None:
         async def run() -> None:
+            if len(settlements) == 1:  # the common case: one round trip, no pipeline
+                keys, args = self._settle_call(settlements[0])
+                await self._settle(keys=keys, args=args)
+                return
             async with self.client.pipeline(transaction=False) as pipe:
                 for s in settlements:
-                    u = s.usage
-                    limits = s.limits
-                    keys = [f"{self.p}inflight:{s.name}", f"{self.p}w:{s.name}:tokens",
-                            f"{self.p}budget:{s.name}:{limits.budget_period if limits else '-'}",
-                            f"{self.p}usage:{u.day}:{u.name}:{u.model}", self.p + "usage"]
-                    args: list[Any] = [
-                        int(bool(s.release and limits and limits.concurrency)), int(bool(limits and limits.tpm)),
-                        int(bool(limits and limits.budget)), s.token_delta, limits.window_ms if limits else 1,
-                        (limits.budget_reset_ms + BUDGET_KEEP_MS) if limits else 1, SEP.join((u.day, u.name, u.model))]
-                    for f in USAGE_FIELDS:
-                        args += [f, getattr(u, f)]
+                    keys, args = self._settle_call(s)
                     await self._settle(keys=keys, args=args, client=pipe)
                 await pipe.execute()
 

@@ -49,7 +49,7 @@ class Tenancy:
         self.fail_open = on_store_error == "open"
         self.metrics = metrics
         self._known: dict[str, KeyRecord] = {}  # for on_store_error: open
-        self._has_keys: tuple[float, bool] = (-HAS_KEYS_TTL_S, False)
+        self._has_keys: tuple[float, bool] = (-HAS_KEYS_TTL_S, True)  # closed until the store has answered
         self._pending: list[Settlement] = []
         self._flusher: asyncio.Task[None] | None = None
         self._replayed = False
@@ -63,12 +63,13 @@ class Tenancy:
         now = time.monotonic()
         if now - at < HAS_KEYS_TTL_S:
             return value
+        self._has_keys = (now, value)  # one refresh at a time: concurrent requests use the last answer
         try:
             value = await self.store.has_keys()
         except StoreUnavailable as exc:
             log.warning("%s: keys are required until it answers", exc)
             value = True
-        self._has_keys = (now, value)
+        self._has_keys = (time.monotonic(), value)
         return value
 
     async def authenticate(self, token: bytes) -> KeyRecord | None:
@@ -198,6 +199,7 @@ class Tenancy:
         log.info("replayed %d spooled usage record(s)", len(lines))
 
     async def start(self) -> None:
+        await self.required()
         await self._replay_spool()
 
 

@@ -1,12 +1,17 @@
 """The embedded key store: one SQLite file (WAL), 0600 in a 0700 folder.
 
-Concurrency: every call runs on one worker thread that owns the connection, never on the event
-loop; each limit decision is one `BEGIN IMMEDIATE` transaction, so several gateway processes on
-the same file never both take the last unit of a limit."""
+Concurrency: each limit decision is one `BEGIN IMMEDIATE` transaction, so several gateway
+processes on the same file never both take the last unit of a limit. The hot path (key lookup,
+reserve, settle) runs on the event loop's own connection, which never waits: in WAL mode a read
+never waits for a writer; a write that finds the file locked (busy timeout 0) is handed to the
+worker thread, which waits for the lock there; commits do not fsync (synchronous=NORMAL) and the
+WAL checkpoint (which does) runs on the worker thread. A thread hop per call cost more than the
+queries themselves (benchmarks/tenancy_overhead.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import time
@@ -24,6 +29,7 @@ from gateway.tenancy.store import USAGE_FIELDS, KeyExists, Settlement, StoreUnav
 
 T = TypeVar("T")
 BUSY_TIMEOUT_S = 5.0
+CHECKPOINT_EVERY = 256  # commits on the loop's connection between two checkpoints (on the worker thread)
 INFLIGHT_STALE_MS = 3600_000  # a process that died holding slots: its counts expire after an idle hour
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS keys (
@@ -70,6 +76,8 @@ class SQLiteKeyStore:
         self.path = path
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="enginegate-keys")
         self._db: sqlite3.Connection | None = None
+        self._loop_db: sqlite3.Connection | None = None
+        self._commits = 0
 
     # -- the worker thread -------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -105,8 +113,57 @@ class SQLiteKeyStore:
         return out
 
     # -- keys --------------------------------------------------------------------------------
+    def _loop_conn(self) -> sqlite3.Connection | None:
+        """The event loop's connection, once the worker thread has made the file and its schema: never waits for a lock."""
+        if self._loop_db is None:
+            if self._db is None:
+                return None
+            db = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints fsync: the worker thread does them
+            self._loop_db = db
+        return self._loop_db
+
+    async def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """One transaction on the loop's connection; on a locked file (or none yet), on the worker thread."""
+        try:
+            db = self._loop_conn()
+            if db is not None:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    out = body(db)
+                except BaseException:
+                    db.rollback()
+                    raise
+                db.commit()
+                self._commits += 1
+                if self._commits % CHECKPOINT_EVERY == 0:
+                    self._executor.submit(self._checkpoint)
+                return out
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                self._loop_db = None
+                raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
+        except sqlite3.Error as exc:
+            self._loop_db = None
+            raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
+        return await self._run(self._tx, body)
+
+    def _checkpoint(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._conn().execute("PRAGMA wal_checkpoint(PASSIVE)")
+
     async def lookup(self, secret_hash: str) -> KeyRecord | None:
-        return await self._run(self._one, "SELECT record FROM keys WHERE secret_hash = ?", secret_hash)
+        sql = "SELECT record FROM keys WHERE secret_hash = ?"
+        try:
+            db = self._loop_conn()
+            if db is None:
+                return await self._run(self._one, sql, secret_hash)
+            row = db.execute(sql, (secret_hash,)).fetchone()
+        except sqlite3.Error as exc:
+            self._loop_db = None
+            raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
+        return KeyRecord.from_json(orjson.loads(row[0])) if row else None
 
     async def get(self, name: str) -> KeyRecord | None:
         return await self._run(self._one, "SELECT record FROM keys WHERE name = ?", name)
@@ -161,7 +218,7 @@ class SQLiteKeyStore:
 
     # -- limits ------------------------------------------------------------------------------
     async def reserve(self, name: str, limits: Limits, cost: int) -> Decision:
-        return await self._run(self._tx, lambda db: self._reserve(db, name, limits, cost))
+        return await self._write(lambda db: self._reserve(db, name, limits, cost))
 
     @staticmethod
     def _window(db: sqlite3.Connection, name: str, kind: str, now_ms: int, window_ms: int) -> tuple[int, int]:
@@ -232,7 +289,7 @@ class SQLiteKeyStore:
                            + ", ".join(f"{f} = {f} + excluded.{f}" for f in USAGE_FIELDS),
                            (u.name, u.model, u.day, *values))
 
-        await self._run(self._tx, body)
+        await self._write(body)
 
     async def usage(self, name: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
         def run() -> list[dict[str, Any]]:
@@ -246,6 +303,10 @@ class SQLiteKeyStore:
         return await self._run(run)
 
     async def close(self) -> None:
+        if self._loop_db is not None:
+            self._loop_db.close()
+            self._loop_db = None
+
         def run() -> None:
             if self._db is not None:
                 self._db.close()
