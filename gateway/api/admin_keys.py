@@ -2,6 +2,7 @@
 
     GET  /admin/keys                    every key (never a secret or its hash)
     POST /admin/keys                    create one: {"name", "role", "models", "rpm", ...}; the answer holds the secret, once
+                                        (not on a gateway with no key yet: the first one is made on the host)
     POST /admin/keys/{name}/revoke      the key fails on its next request, in every gateway sharing the store
     POST /admin/keys/{name}/rotate      a new secret for the same name (usage and limits carry on); the old one stops working
     GET  /admin/usage?key=&since=       usage per key, model and UTC day
@@ -17,6 +18,7 @@ from pydantic import Field
 
 from gateway.api.errors import APIError
 from gateway.api.serving import parse_body
+from gateway.identity import caller_of
 from gateway.tenancy.keys import VALID_NAME, KeyPolicy, new_record, rotated
 from gateway.tenancy.service import Tenancy
 from gateway.tenancy.store import KeyExists, StoreUnavailable
@@ -53,6 +55,9 @@ async def list_keys(request: Request) -> dict[str, Any]:
 
 @router.post("/admin/keys")
 async def create_key(request: Request) -> dict[str, Any]:
+    if caller_of(request.scope) is None:  # no key anywhere: a remote client may not be the one to turn auth on
+        raise APIError(403, "This gateway has no keys yet: create the first admin key with `enginegate keys create NAME "
+                            "--role admin` on its host, or in the config file's api_keys.", code="permission_denied")
     parsed, _ = await parse_body(request, NewKey)
     t = _tenancy(request)
     if parsed.name in t.static_names:

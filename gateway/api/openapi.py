@@ -57,7 +57,7 @@ ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
 WHY: dict[int, str] = {
     400: "Invalid request: bad JSON, a field out of range (`param` names it), unsupported by the engine, over the context",
     401: "Missing, wrong, revoked or expired API key (when keys are configured)",
-    403: "The route needs a key with role admin",
+    403: "The route needs a key with role admin (POST /admin/keys also while the gateway has no key at all)",
     409: "A key with that name exists",
     404: "Unknown model or route",
     408: "The request body did not arrive in time",

@@ -12,7 +12,7 @@ it ran out (each at most its max_tokens)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -129,32 +129,33 @@ def refusal_error(decision: Decision) -> tuple[str, str]:
             "it renews when the period ends.")
 
 
-def rate_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
-    """OpenAI's x-ratelimit-* headers for the limits the key has."""
+def _windows(decision: Decision) -> Iterator[tuple[str, int, int, int]]:
+    """(kind, limit, remaining, ms to reset) for the windowed limits the key has."""
     limits, c = decision.limits, decision.counters
-    out: list[tuple[bytes, bytes]] = []
     for kind, limit, used, reset_ms in (("requests", limits.rpm, c.requests, c.requests_reset_ms),
                                         ("tokens", limits.tpm, c.tokens, c.tokens_reset_ms)):
-        if limit is None:
-            continue
+        if limit is not None:
+            yield kind, limit, max(0, limit - used), reset_ms or limits.window_ms
+
+
+def rate_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """OpenAI's x-ratelimit-* headers for the limits the key has."""
+    out: list[tuple[bytes, bytes]] = []
+    for kind, limit, remaining, reset_ms in _windows(decision):
         out += [(f"x-ratelimit-limit-{kind}".encode(), str(limit).encode()),
-                (f"x-ratelimit-remaining-{kind}".encode(), str(max(0, limit - used)).encode()),
-                (f"x-ratelimit-reset-{kind}".encode(), _duration(reset_ms or limits.window_ms).encode())]
+                (f"x-ratelimit-remaining-{kind}".encode(), str(remaining).encode()),
+                (f"x-ratelimit-reset-{kind}".encode(), _duration(reset_ms).encode())]
     return out
 
 
 def anthropic_headers(decision: Decision, now: float) -> list[tuple[bytes, bytes]]:
     """Anthropic's anthropic-ratelimit-* headers (the reset as an RFC 3339 time)."""
-    limits, c = decision.limits, decision.counters
     out: list[tuple[bytes, bytes]] = []
-    for kind, limit, used, reset_ms in (("requests", limits.rpm, c.requests, c.requests_reset_ms),
-                                        ("tokens", limits.tpm, c.tokens, c.tokens_reset_ms)):
-        if limit is None:
-            continue
-        reset = datetime.fromtimestamp(now + (reset_ms or limits.window_ms) / 1000, timezone.utc)
+    for kind, limit, remaining, reset_ms in _windows(decision):
+        reset = datetime.fromtimestamp(now + reset_ms / 1000, timezone.utc).isoformat(timespec="seconds")
         out += [(f"anthropic-ratelimit-{kind}-limit".encode(), str(limit).encode()),
-                (f"anthropic-ratelimit-{kind}-remaining".encode(), str(max(0, limit - used)).encode()),
-                (f"anthropic-ratelimit-{kind}-reset".encode(), reset.isoformat(timespec="seconds").replace("+00:00", "Z").encode())]
+                (f"anthropic-ratelimit-{kind}-remaining".encode(), str(remaining).encode()),
+                (f"anthropic-ratelimit-{kind}-reset".encode(), reset.replace("+00:00", "Z").encode())]
     return out
 
 

@@ -71,6 +71,17 @@ def private_file(path: Path) -> None:
     os.chmod(path, 0o600)
 
 
+def _transaction(db: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        out = body(db)
+    except BaseException:
+        db.rollback()
+        raise
+    db.commit()
+    return out
+
+
 class SQLiteKeyStore:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -102,15 +113,7 @@ class SQLiteKeyStore:
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def _tx(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            out = body(db)
-        except BaseException:
-            db.rollback()
-            raise
-        db.commit()
-        return out
+        return _transaction(self._conn(), body)
 
     # -- keys --------------------------------------------------------------------------------
     def _loop_conn(self) -> sqlite3.Connection | None:
@@ -129,13 +132,7 @@ class SQLiteKeyStore:
         try:
             db = self._loop_conn()
             if db is not None:
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    out = body(db)
-                except BaseException:
-                    db.rollback()
-                    raise
-                db.commit()
+                out = _transaction(db, body)
                 self._commits += 1
                 if self._commits % CHECKPOINT_EVERY == 0:
                     self._executor.submit(self._checkpoint)

@@ -35,22 +35,31 @@ def upstream() -> Iterator[RunningEmulator]:
 
 
 @pytest.fixture(scope="module")
+def slow_upstream() -> Iterator[RunningEmulator]:
+    with running_emulator("vllm", "--tokens", "200", "--itl-ms", "20") as emu:
+        yield emu
+
+
+@pytest.fixture(scope="module")
 def redis() -> Iterator[RedisServer]:
     with redis_server() as server:
         yield server
 
 
-def config(upstream: RunningEmulator, redis: RedisServer) -> str:
+def config(upstream: RunningEmulator, slow: RunningEmulator, redis: RedisServer) -> str:
     return (f"api_keys:\n  - {{key: {ADMIN_SECRET}, role: admin, name: ops}}\n"
             f"tenancy: {{redis_url: \"{redis.url}\", key_metrics: true, store_timeout_seconds: 0.5}}\n"
             "models:\n  - source: remote\n    name: relayed\n    engine: openai\n    max_queue: 512\n"
-            f"    options: {{base_url: \"{upstream.url}\", upstream_model: emulated-model}}\n")
+            f"    options: {{base_url: \"{upstream.url}\", upstream_model: emulated-model}}\n"
+            "  - source: remote\n    name: slow\n    engine: openai\n"
+            f"    options: {{base_url: \"{slow.url}\", upstream_model: emulated-model}}\n")
 
 
 @pytest.fixture(scope="module")
-def gateways(upstream: RunningEmulator, redis: RedisServer) -> Iterator[tuple[RunningGateway, RunningGateway]]:
-    with gateway(config_yaml=config(upstream, redis)) as one, \
-            gateway(["--log-level", "debug"], config_yaml=config(upstream, redis)) as two:
+def gateways(upstream: RunningEmulator, slow_upstream: RunningEmulator,
+             redis: RedisServer) -> Iterator[tuple[RunningGateway, RunningGateway]]:
+    yaml = config(upstream, slow_upstream, redis)
+    with gateway(config_yaml=yaml) as one, gateway(["--log-level", "debug"], config_yaml=yaml) as two:
         yield one, two
 
 
@@ -115,6 +124,31 @@ def test_a_token_budget_is_not_overspent_beyond_the_requests_in_flight(gateways:
     assert budget - wave * (MAX_TOKENS + 8) <= total <= budget + wave * MAX_TOKENS
     after = asyncio.run(burst([one.url, two.url], secret, 2))
     assert all(r.status_code == 429 and r.headers["x-should-retry"] == "false" for r in after)
+
+
+def test_a_stream_the_client_leaves_is_charged_what_it_received(gateways: tuple[RunningGateway, RunningGateway]) -> None:
+    one, _ = gateways
+    secret = create_key(one, "leaver", models=["slow"], tpm=100_000)
+    body = {"model": "slow", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with httpx.stream("POST", one.url + "/v1/chat/completions", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {secret}"}) as r:
+        assert r.status_code == 200
+        events = 0
+        for line in r.iter_lines():
+            events += line.startswith("data: ")
+            if events == 10:
+                break  # and close the connection: 190 tokens never sent
+    deadline = time.monotonic() + 30
+    while not usage(one, "leaver")["requests"]:
+        assert time.monotonic() < deadline, "the abandoned stream was never settled"
+        time.sleep(0.1)
+    spent = usage(one, "leaver")
+    assert 9 <= spent["completion_tokens"] < 100, spent  # what it received, not 0 and not all 200
+    hidden = httpx.get(one.url + "/v1/models", headers={"Authorization": f"Bearer {secret}"}, timeout=10).json()
+    assert [m["id"] for m in hidden["data"]] == ["slow"]  # `relayed` is not this key's
+    r = httpx.post(one.url + "/v1/chat/completions", json=chat_body(), headers={"Authorization": f"Bearer {secret}"}, timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert r.json()["error"]["message"].endswith("served here: slow")  # the others are not listed either
 
 
 def test_a_revoked_key_fails_on_its_next_request_in_every_gateway(gateways: tuple[RunningGateway, RunningGateway]) -> None:
