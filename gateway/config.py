@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -148,6 +149,13 @@ class TenancyConfig(BaseModel):
     before through without limits. Usage is kept and written when the store is back, either way."""
     key_metrics: bool = False
     """Prometheus counters by key name (enginegate_key_*): one label value per key."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_client_installed(cls, url: str | None) -> str | None:
+        if url is not None and importlib.util.find_spec("redis") is None:
+            raise ValueError("tenancy.redis_url needs the redis client: pip install 'enginegate[redis]'")
+        return url
 
 
 class Settings(BaseSettings):
