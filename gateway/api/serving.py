@@ -176,8 +176,10 @@ async def reserve_limits(request: Request, backend: Backend, body: dict[str, Any
     try:
         return await tenancy.reserve(request.scope, request.app.state.tenancy, backend.model_id, body)
     except Refused as exc:
-        code, message, headers = tenancy.refusal(exc.decision, runtime(request).settings.retry_after_seconds)
-        raise APIError(429, message, code=code, headers=headers) from exc
+        message, headers = tenancy.refusal(exc.decision, runtime(request).settings.retry_after_seconds)
+        if exc.decision.refused == "budget":
+            raise APIError(429, message, code="insufficient_quota", headers=headers) from exc
+        raise APIError(429, message, code="rate_limit_exceeded", headers=headers) from exc
     except StoreUnavailable as exc:
         raise APIError(503, "The key store is unreachable; try again shortly.", code="store_unavailable",
                        headers={"Retry-After": str(runtime(request).settings.retry_after_seconds)}) from exc

@@ -22,7 +22,7 @@ BudgetPeriod = Literal["day", "month"]
 class KeyPolicy(BaseModel):
     """What a key may do: the same fields for keys made with `enginegate keys create` and keys in the config file."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     role: Role = "user"
     """admin: every route, including /admin/* and the engines' pids and ports in /ready; user: the /v1 API."""

@@ -115,17 +115,17 @@ def retry_after_ms(decision: Decision, default_ms: int) -> int:
         decision.refused or "", default_ms) or default_ms
 
 
-def refusal_error(decision: Decision) -> tuple[str, str]:
-    """(code, message) of the 429 for a refused decision, in OpenAI's terms."""
+def refusal_message(decision: Decision) -> str:
+    """The 429's message for a refused decision."""
     limits, c = decision.limits, decision.counters
     window = _duration(limits.window_ms)
     if decision.refused == "requests":
-        return "rate_limit_exceeded", f"Rate limit reached for requests: limit {limits.rpm} per {window}, used {c.requests}."
+        return f"Rate limit reached for requests: limit {limits.rpm} per {window}, used {c.requests}."
     if decision.refused == "tokens":
-        return "rate_limit_exceeded", f"Rate limit reached for tokens: limit {limits.tpm} per {window}, used {c.tokens}."
+        return f"Rate limit reached for tokens: limit {limits.tpm} per {window}, used {c.tokens}."
     if decision.refused == "concurrency":
-        return "rate_limit_exceeded", f"Too many concurrent requests: limit {limits.concurrency}."
-    return ("insufficient_quota", f"Token budget exhausted: {c.budget_used} of {limits.budget} used in {limits.budget_period}; "
+        return f"Too many concurrent requests: limit {limits.concurrency}."
+    return (f"Token budget exhausted: {c.budget_used} of {limits.budget} used in {limits.budget_period}; "
             "it renews when the period ends.")
 
 

@@ -10,11 +10,12 @@ from gateway.tenancy.store import UsageDelta
 
 class TenancyMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("enginegate_key_requests", "Requests by key and model.", ["key", "model"], registry=registry)
-        self.tokens = Counter("enginegate_key_tokens", "Tokens by key, model and kind (prompt, completion).",
+        self.requests = Counter("enginegate_key_requests", "Requests by key and model (with tenancy.key_metrics: true).", ["key", "model"], registry=registry)
+        self.tokens = Counter("enginegate_key_tokens", "Tokens by key, model and kind (prompt, completion; with tenancy.key_metrics: true).",
                               ["key", "model", "kind"], registry=registry)
-        self.errors = Counter("enginegate_key_errors", "Failed requests by key and model.", ["key", "model"], registry=registry)
-        self.rejections = Counter("enginegate_key_rejections", "Requests refused by a key's limits, by limit.",
+        self.errors = Counter("enginegate_key_errors", "Failed requests by key and model (with tenancy.key_metrics: true).", ["key", "model"], registry=registry)
+        self.rejections = Counter("enginegate_key_rejections",
+                                  "Requests refused by a key's limits, by limit (with tenancy.key_metrics: true).",
                                   ["key", "model", "limit"], registry=registry)
 
     def settled(self, usage: UsageDelta) -> None:

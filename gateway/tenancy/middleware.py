@@ -20,7 +20,7 @@ from gateway.identity import set_caller
 from gateway.middleware import bearer_token, send_error
 from gateway.tenancy.access import required_access
 from gateway.tenancy.keys import KeyRecord, allows_model
-from gateway.tenancy.limits import Decision, anthropic_headers, rate_headers, refusal_error, retry_after_ms
+from gateway.tenancy.limits import Decision, anthropic_headers, rate_headers, refusal_message, retry_after_ms
 from gateway.tenancy.service import Refused, Tenancy
 from gateway.tenancy.store import StoreUnavailable
 from gateway.tenancy.ticket import Ticket
@@ -66,14 +66,14 @@ async def reserve(scope: Scope, tenancy: Tenancy | None, model_id: str, body: di
     return ticket
 
 
-def refusal(decision: Decision, default_retry_s: int) -> tuple[str, str, dict[str, str]]:
-    """(code, message, headers) of the 429 for a refused decision; a spent budget says not to retry."""
-    code, message = refusal_error(decision)
+def refusal(decision: Decision, default_retry_s: int) -> tuple[str, dict[str, str]]:
+    """(message, headers) of the 429 for a refused decision; a spent budget says not to retry."""
+    message = refusal_message(decision)
     wait_ms = retry_after_ms(decision, default_retry_s * 1000)
     headers = {"Retry-After": str(max(1, math.ceil(wait_ms / 1000))), "retry-after-ms": str(wait_ms)}
     if decision.refused == "budget":
         headers["x-should-retry"] = "false"
-    return code, message, headers
+    return message, headers
 
 
 def _token(scope: Scope) -> bytes:

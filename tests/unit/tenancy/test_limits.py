@@ -22,7 +22,7 @@ from gateway.tenancy.limits import (
     check,
     estimate_prompt_tokens,
     rate_headers,
-    refusal_error,
+    refusal_message,
 )
 from gateway.tenancy.redis_store import RedisKeyStore
 from gateway.tenancy.sqlite_store import SQLiteKeyStore
@@ -149,7 +149,6 @@ def test_headers_and_the_429() -> None:
     anthropic = dict(anthropic_headers(admitted, NOW))
     assert anthropic[b"anthropic-ratelimit-requests-remaining"] == b"57"
     assert anthropic[b"anthropic-ratelimit-tokens-reset"] == b"2026-12-01T22:43:21Z"
-    assert refusal_error(Decision(lim, Counters(requests=60), "requests"))[0] == "rate_limit_exceeded"
-    code, message = refusal_error(Decision(lim, Counters(budget_used=50), "budget"))
-    assert code == "insufficient_quota" and "50 of 50" in message
+    assert refusal_message(Decision(lim, Counters(requests=60), "requests")).startswith("Rate limit reached for requests")
+    assert "50 of 50" in refusal_message(Decision(lim, Counters(budget_used=50), "budget"))
     assert rate_headers(Decision(limits(budget_tokens=5), Counters())) == []  # no rpm/tpm: no headers
