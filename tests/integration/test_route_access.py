@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -113,3 +114,25 @@ def test_keys_made_by_the_cli_are_the_ones_serve_reads_and_usage_survives_a_rest
     listed = run_cli("keys", "list", env=env)
     assert "team-a" in listed.stdout and "rpm=100" in listed.stdout and secret not in listed.stdout
     assert oct((tmp_path / "enginegate" / "keys.sqlite3").stat().st_mode & 0o777) == "0o600"
+
+
+def test_sigterm_with_a_stream_in_flight_loses_no_usage(tmp_path: Path) -> None:
+    env = {"XDG_DATA_HOME": str(tmp_path)}
+    made = run_cli("keys", "create", "draining", "--tpm", "1000000", "--json", env=env)
+    secret = json.loads(made.stdout)["key"]
+    body = {"model": "relayed", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 3000}
+    with running_emulator("vllm", "--tokens", "3000", "--itl-ms", "10") as slow, \
+            gateway(config_yaml="shutdown_grace_seconds: 1\n" + MODEL_CONFIG.format(url=slow.url), env=env) as running:
+        received = 0
+        with httpx.stream("POST", running.url + "/v1/chat/completions", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {secret}"}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                received += line.startswith("data: {") and '"content"' in line
+                if received == 20:
+                    os.kill(running.process.pid, signal.SIGTERM)  # the drain ends this stream after 1 s
+        assert running.process.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert "Traceback" not in running.log()
+    rows = json.loads(run_cli("usage", "--key", "draining", "--json", env=env).stdout)
+    assert len(rows) == 1 and rows[0]["requests"] == 1
+    assert 20 <= rows[0]["completion_tokens"] <= received + 1, (rows, received)
