@@ -71,6 +71,11 @@ def private_file(path: Path) -> None:
     os.chmod(path, 0o600)
 
 
+def _locked(exc: sqlite3.OperationalError) -> bool:
+    """SQLITE_BUSY/LOCKED: another connection holds the lock (the loop's connection never waits for it)."""
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
 def _transaction(db: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
     db.execute("BEGIN IMMEDIATE")
     try:
@@ -138,7 +143,7 @@ class SQLiteKeyStore:
                     self._executor.submit(self._checkpoint)
                 return out
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc):
+            if not _locked(exc):
                 self._loop_db = None
                 raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
         except sqlite3.Error as exc:
@@ -157,6 +162,11 @@ class SQLiteKeyStore:
             if db is None:
                 return await self._run(self._one, sql, secret_hash)
             row = db.execute(sql, (secret_hash,)).fetchone()
+        except sqlite3.OperationalError as exc:
+            if not _locked(exc):
+                self._loop_db = None
+                raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
+            return await self._run(self._one, sql, secret_hash)  # rare for a WAL read: wait on the thread
         except sqlite3.Error as exc:
             self._loop_db = None
             raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
