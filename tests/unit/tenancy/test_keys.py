@@ -117,3 +117,30 @@ async def test_fail_open_admits_known_keys_without_limits(redis: RedisServer) ->
     finally:
         redis.start()
     await tenancy.close()
+
+
+async def test_a_locked_sqlite_file_is_waited_for_off_the_event_loop(tmp_path: Path) -> None:
+    import asyncio
+    import sqlite3
+
+    from gateway.tenancy.limits import Limits
+
+    store = SQLiteKeyStore(tmp_path / "keys.sqlite3")
+    await store.create(new_record("t", KeyPolicy(rpm=5))[0])  # makes the file and the loop's connection
+    other = sqlite3.connect(store.path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    ticks = 0
+
+    async def ticking() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.create_task(ticking())
+    asyncio.get_running_loop().call_later(0.3, other.rollback)
+    decision = await store.reserve("t", Limits.of(KeyPolicy(rpm=5), 0.0), 1)
+    ticker.cancel()
+    assert decision.admitted and ticks >= 10  # the loop kept running while the reserve waited for the lock
+    other.close()
+    await store.close()
