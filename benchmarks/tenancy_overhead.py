@@ -1,5 +1,5 @@
 """What do keys and limits cost per request? The relay with tenancy off, with the SQLite key
-store and with Redis, interleaved in one run.
+store and with Redis, interleaved in one run (and a config-file key without limits: the common case).
 
     python -m benchmarks.tenancy_overhead [--requests 2000] [--rounds 3]
 
@@ -7,7 +7,8 @@ Upstream: the engine emulator on loopback (vLLM style, instant). Each variant is
 (`create_app`) under uvicorn (uvloop + httptools, one worker) relaying to it through the `openai`
 adapter. The keyed variants send a key from the store with rpm, tpm, a concurrency cap and a token
 budget (all far above the load), so every request is authenticated by a store lookup, reserved
-(one atomic decision) and settled (one atomic write). Reports p50 latency at concurrency 1 and
+(one atomic decision) and settled (one atomic write). `static` is a plain `api_keys` string: no
+lookup, no limits, one usage write after the response (SQLite). Reports p50 latency at concurrency 1 and
 requests/s at concurrency 32, each the median of the rounds, and the difference to tenancy off.
 """
 
@@ -28,7 +29,7 @@ from tests.emulators.fixture import free_port
 SECRET = "bench-secret-0123456789abcdef"
 TARGET_ADDED_P50_MS = 0.2
 TARGET_RPS_RATIO = 0.85
-VARIANTS = ("off", "sqlite", "redis")
+VARIANTS = ("off", "static", "sqlite", "redis")
 
 
 def serve_gateway(port: int, upstream: str, variant: str, data: str, redis_url: str | None) -> int:
@@ -43,8 +44,9 @@ def serve_gateway(port: int, upstream: str, variant: str, data: str, redis_url: 
     config = EngineConfig(source="fast", name="fast", options={"base_url": upstream, "upstream_model": "emulated-model"})
     models.add(Backend(model_id="fast", adapter=registry.create("openai", config), admission=Admission(1024, 4096)))
     tenancy = {"path": Path(data) / "keys.sqlite3", **({"redis_url": redis_url} if variant == "redis" else {})}
-    settings = Settings(port=port, tenancy=tenancy)
-    if variant != "off":
+    static = (SECRET,) if variant == "static" else ()
+    settings = Settings(port=port, tenancy=tenancy, api_keys=static)
+    if variant in ("sqlite", "redis"):
         asyncio.run(_seed_key(settings))
     app = create_app(settings, Runtime(settings=settings, models=models))
     uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning",
