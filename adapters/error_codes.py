@@ -35,8 +35,11 @@ SERVER_ERROR: Final = "server_error"
 
 ERROR_CODES: tuple[ErrorCode, ...] = (
     # -- the client's request --------------------------------------------------------------------
-    ErrorCode("invalid_api_key", OPENAI, (401,), "No API key, or one the gateway does not know (also /metrics with "
-              "`metrics_api_key` set)."),
+    ErrorCode("invalid_api_key", OPENAI, (401,), "No API key, or one the gateway does not know, revoked or expired (also "
+              "/metrics with `metrics_api_key` set)."),
+    ErrorCode("permission_denied", GATEWAY, (403,), "The route needs a key with role admin (docs/keys.md); also POST "
+              "/admin/keys on a gateway with no key yet."),
+    ErrorCode("key_exists", GATEWAY, (409,), "POST /admin/keys: an active key (or a config-file key) has that name."),
     ErrorCode("request_too_large", GATEWAY, (413,), "The body is larger than `max_body_bytes`."),
     ErrorCode("request_timeout", GATEWAY, (408,), "The request headers (`header_timeout_seconds`) or the body "
               "(`body_timeout_seconds`) did not arrive in time; the connection is closed."),
@@ -54,9 +57,14 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
               "answers no `function_call` of the conversation."),
     ErrorCode("no_engine_log", GATEWAY, (400,), "/admin/engines/{model}/logs for an in-process engine, which keeps no log."),
     # -- capacity: retry later (each with Retry-After) ---------------------------------------------
-    ErrorCode("rate_limit_exceeded", OPENAI, (429,), "The caller sent more than its key's limits allow (requests or "
-              "tokens per minute, concurrent requests)."),
-    ErrorCode("queue_full", GATEWAY, (429,), "The model's queue (`max_queue`) is full."),
+    ErrorCode("queue_full", GATEWAY, (429,), "The model's queue (`max_queue`) is full: the gateway is overloaded, not "
+              "the caller over a limit."),
+    ErrorCode("rate_limit_exceeded", OPENAI, (429,), "The key's rpm, tpm or max_concurrency is reached; Retry-After says "
+              "when its window ends."),
+    ErrorCode("insufficient_quota", OPENAI, (429,), "The key's token budget for its period is spent (`x-should-retry: "
+              "false`: it renews when the period ends)."),
+    ErrorCode("store_unavailable", GATEWAY, (503,), "The key store (SQLite file or Redis) is unreachable and "
+              "`tenancy.on_store_error` is `closed`."),
     ErrorCode("shutting_down", GATEWAY, (503,), "The gateway is draining after SIGTERM; also the final stream event of a "
               "stream cut at the end of `shutdown_grace_seconds`."),
     ErrorCode("model_unavailable", GATEWAY, (503,), "The model cannot serve now, for a reason without a code of its own."),

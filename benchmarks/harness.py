@@ -79,10 +79,11 @@ def _session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), skip_auto_headers=("User-Agent",))
 
 
-async def load(url: str, concurrency: int, requests: int, body: dict[str, object] = BODY) -> Run:
+async def load(url: str, concurrency: int, requests: int, body: dict[str, object] = BODY,
+               extra_headers: dict[str, str] | None = None) -> Run:
     """`requests` non-streaming POSTs from `concurrency` workers; every answer must be 200."""
     payload = orjson.dumps(body)
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **(extra_headers or {})}
     latencies: list[float] = []
     left = requests
 

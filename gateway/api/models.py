@@ -5,6 +5,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from gateway.api.serving import model_not_found, runtime
+from gateway.tenancy.middleware import may_use
 from gateway.routing import Backend
 
 router = APIRouter()
@@ -33,12 +34,13 @@ def _status(backend: Backend) -> dict[str, Any]:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card(b) for b in runtime(request).models]}
+    return {"object": "list", "data": [model_card(b) for b in runtime(request).models
+                                       if may_use(request.scope, b.model_id, b.aliases)]}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(request: Request, model_id: str) -> dict[str, Any]:
     backend = runtime(request).models.get(model_id)
-    if backend is None:
+    if backend is None or not may_use(request.scope, backend.model_id, backend.aliases):
         raise model_not_found(request, model_id)
     return model_card(backend)

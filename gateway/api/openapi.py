@@ -10,9 +10,11 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from gateway.api.admin_keys import NewKey
 from gateway.api.messages_translate import CountTokensRequest, MessagesRequest
 from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from gateway.api.responses_translate import ResponsesRequest
+from gateway.tenancy.access import required_access
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
@@ -22,6 +24,8 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "/v1/messages": MessagesRequest,
     "/v1/messages/count_tokens": CountTokensRequest,
 }
+ADMIN_REQUEST_MODELS: dict[str, type[BaseModel]] = {"/admin/keys": NewKey}
+"""Admin routes that parse a JSON body: documented with it, and with 400 (invalid) and 409 (name taken)."""
 STREAMING = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
 ANTHROPIC = "/v1/messages"  # its errors have Anthropic's shape
 
@@ -52,14 +56,16 @@ ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
 }
 WHY: dict[int, str] = {
     400: "Invalid request: bad JSON, a field out of range (`param` names it), unsupported by the engine, over the context",
-    401: "Missing or wrong API key (when api_keys are configured)",
+    401: "Missing, wrong, revoked or expired API key (when keys are configured)",
+    403: "The route needs a key with role admin (POST /admin/keys also while the gateway has no key at all)",
+    409: "A key with that name exists",
     404: "Unknown model or route",
     408: "The request body did not arrive in time",
     413: "Request body over max_body_bytes",
-    429: "The model's queue is full (Retry-After)",
+    429: "The key's rate limit (rate_limit_exceeded) or budget (insufficient_quota), or the model's queue is full (Retry-After)",
     500: "Engine failure",
     502: "The engine broke the connection or answered 5xx",
-    503: "Engine not ready, restarting or failed; or the gateway is draining (Retry-After)",
+    503: "Engine not ready, restarting or failed; the key store unreachable; or the gateway is draining (Retry-After)",
     504: "The engine did not answer in time",
 }
 GENERATION_ERRORS = (400, 401, 404, 408, 413, 429, 500, 502, 503, 504)
@@ -78,7 +84,7 @@ def _error_schema(path: str) -> str:
 
 
 def _request_schemas(components: dict[str, Any]) -> None:
-    for model in REQUEST_MODELS.values():
+    for model in (*REQUEST_MODELS.values(), *ADMIN_REQUEST_MODELS.values()):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema
@@ -107,10 +113,17 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 responses["200"] = {"description": "The OpenAI response (an SSE stream when `stream` is true)",
                                     "content": content}
                 responses.update(_errors(GENERATION_ERRORS, _error_schema(path)))
-            elif path.startswith(("/v1/", "/admin/")):
+            elif required_access(path) in ("user", "admin"):
                 responses.update(_errors(PROTECTED_ERRORS))
                 if "{" in path:
                     responses.update(_errors((404,)))
+            if required_access(path) == "admin":
+                responses.update(_errors((403,)))
+            if path in ADMIN_REQUEST_MODELS and "requestBody" not in operation and operation is operations.get("post"):
+                model = ADMIN_REQUEST_MODELS[path].__name__
+                operation["requestBody"] = {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": f"#/components/schemas/{model}"}}}}
+                responses.update(_errors((400, 409)))
             if path == "/metrics":
                 responses["200"] = {"description": "Prometheus text exposition",
                                     "content": {"text/plain": {"schema": {"type": "string"}}}}

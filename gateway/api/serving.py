@@ -33,6 +33,10 @@ from gateway.routing import Backend, Lease, ModelUnavailable, QueueFull, Replica
 from gateway.routing.health import is_retryable
 from gateway.routing.route_key import route_key
 from gateway.runtime import Runtime
+from gateway.tenancy import middleware as tenancy
+from gateway.tenancy.service import Refused
+from gateway.tenancy.store import StoreUnavailable
+from gateway.tenancy.ticket import Ticket
 from gateway.timing import TimedStream, request_timing
 
 log = logging.getLogger("enginegate.api")
@@ -140,7 +144,7 @@ MAX_LISTED_MODELS = 20
 def model_not_found(request: Request, name: str) -> APIError:
     """404 naming (at most 64 characters of) the unknown model and the models served here."""
     shown = name if len(name) <= MAX_ECHOED_NAME else name[:MAX_ECHOED_NAME] + "..."
-    served = [b.model_id for b in runtime(request).models]
+    served = [b.model_id for b in runtime(request).models if tenancy.may_use(request.scope, b.model_id, b.aliases)]
     listed = ", ".join(served[:MAX_LISTED_MODELS]) + (", ..." if len(served) > MAX_LISTED_MODELS else "")
     return APIError(404, f"The model `{shown}` does not exist; served here: {listed or 'none'}",
                     param="model", code="model_not_found")
@@ -148,8 +152,8 @@ def model_not_found(request: Request, name: str) -> APIError:
 
 def resolve_backend(request: Request, model: str, operation: Operation) -> Backend:
     backend = runtime(request).models.get(model)
-    if backend is None:
-        raise model_not_found(request, model)
+    if backend is None or not tenancy.may_use(request.scope, backend.model_id, backend.aliases):
+        raise model_not_found(request, model)  # a model outside the key's list does not exist for it
     set_model_label(request.scope, backend.model_id)
     if not backend.adapter.capabilities.supports(operation):
         raise APIError(
@@ -165,6 +169,20 @@ def require(backend: Backend, body: dict[str, Any]) -> None:
     """What every generation route asks of the engine's capabilities (chat's tools and formats: chat.check_chat)."""
     if (body.get("logprobs") or body.get("top_logprobs")) and not backend.adapter.capabilities.logprobs:
         raise APIError(400, f"logprobs are not supported by the {backend.engine} engine", param="logprobs")
+
+
+async def reserve_limits(request: Request, backend: Backend, body: dict[str, Any]) -> Ticket:
+    """The key's limits, before admission: 429 with Retry-After over a limit, 503 when the key store is down."""
+    try:
+        return await tenancy.reserve(request.scope, request.app.state.tenancy, backend.model_id, body)
+    except Refused as exc:
+        message, headers = tenancy.refusal(exc.decision, runtime(request).settings.retry_after_seconds)
+        if exc.decision.refused == "budget":
+            raise APIError(429, message, code="insufficient_quota", headers=headers) from exc
+        raise APIError(429, message, code="rate_limit_exceeded", headers=headers) from exc
+    except StoreUnavailable as exc:
+        raise APIError(503, "The key store is unreachable; try again shortly.", code="store_unavailable",
+                       headers={"Retry-After": str(runtime(request).settings.retry_after_seconds)}) from exc
 
 
 async def admit(request: Request, backend: Backend, route: RouteKey | None = None,
@@ -213,6 +231,7 @@ async def generate(
     m = metrics(request)
     drain = request.app.state.drain
     run = call or (lambda adapter: lambda b, c: OPERATIONS[operation](adapter, b, c))
+    ticket = await reserve_limits(request, backend, body)
     work = _admitted_call(request, backend, run, body, ctx, request_route(request, backend, body))
     try:
         with drain.guard():
@@ -233,11 +252,12 @@ async def generate(
         lease.release()
         if result.usage is not None:
             _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
+            ticket.record(result.usage.prompt_tokens, result.usage.completion_tokens)
         if result.status < 400:
             m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
         return await dialect.complete(result)
     return StreamingResponse(
-        _sse(TimedStream(result, request_timing(request.scope)), backend, lease, m, arrived, dialect.writer(), drain),
+        _sse(TimedStream(result, request_timing(request.scope)), backend, lease, m, arrived, dialect.writer(), drain, ticket),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
@@ -297,11 +317,13 @@ async def _sse(
     arrived: float,
     writer: StreamWriter = CHAT_WRITER,
     drain: Drain | None = None,
+    ticket: Ticket | None = None,
 ) -> AsyncIterator[bytes]:
     first_at: float | None = None
     last_at = arrived
     usage = None
     ended = False
+    content_events = 0
     failure: BaseException | None = None
     drain = drain or Drain(grace=0.0)
     guarded = drain.register()  # the drain may end this stream: an error event, then the end
@@ -309,6 +331,7 @@ async def _sse(
         try:
             async for event in events:
                 if event.has_content:
+                    content_events += 1
                     now = time.perf_counter()
                     if first_at is None:
                         first_at = now
@@ -358,6 +381,11 @@ async def _sse(
         if not ended:
             m.disconnects.labels(backend.model_id, backend.engine).inc()
             log.info("client disconnected from a %s stream; generation cancelled", backend.model_id)
+        if ticket is not None:
+            ticket.streamed_events = content_events
+            ticket.failed = failure is not None
+            if usage is not None:
+                ticket.record(usage.prompt_tokens, usage.completion_tokens)
         if usage is not None:
             _count_tokens(m, backend, usage.prompt_tokens, usage.completion_tokens)
             if first_at is not None and usage.completion_tokens > 1:

@@ -1,5 +1,5 @@
 """docs/reference/metrics.md from the collectors registered on the gateway's registry (gateway/metrics.py,
-epp_metrics.py, gpu.py)."""
+epp_metrics.py, gpu.py, tenancy/metrics.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from gateway.docgen.markdown import cell, table
 from gateway.epp_metrics import ServedNames
 from gateway.gpu import NvmlCollector
 from gateway.metrics import GatewayMetrics
+from gateway.tenancy.metrics import TenancyMetrics
 
 SUFFIX = {"counter": "_total"}
 
@@ -48,6 +49,7 @@ def collected() -> list[tuple[str, list[MetricDoc]]]:
     """(where, metrics) per collector, in registration order; the NVML collector as registered when a GPU is found."""
     metrics = GatewayMetrics(gpu=False)
     metrics.epp.update({}, ServedNames((), ()))  # the endpoint picker's names are served after the first poll
+    TenancyMetrics(metrics.registry)  # served with tenancy.key_metrics: true
     groups: list[tuple[str, list[MetricDoc]]] = []
     for collector in metrics.registry._collector_to_names:  # registration order
         where = type(collector).__module__

@@ -1,0 +1,131 @@
+"""What do keys and limits cost per request? The relay with tenancy off, with the SQLite key
+store and with Redis, interleaved in one run (and a config-file key without limits: the common case).
+
+    python -m benchmarks.tenancy_overhead [--requests 2000] [--rounds 3]
+
+Upstream: the engine emulator on loopback (vLLM style, instant). Each variant is the real app
+(`create_app`) under uvicorn (uvloop + httptools, one worker) relaying to it through the `openai`
+adapter. The keyed variants send a key from the store with rpm, tpm, a concurrency cap and a token
+budget (all far above the load), so every request is authenticated by a store lookup, reserved
+(one atomic decision) and settled (one atomic write). `static` is a plain `api_keys` string: no
+lookup, no limits, one usage write after the response (SQLite). Reports p50 latency at concurrency 1 and
+requests/s at concurrency 32, each the median of the rounds, and the difference to tenancy off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from adapters import registry
+from adapters.config import EngineConfig
+from benchmarks.harness import BODY, load, spawn, stop, wait_http
+from tests.emulators.fixture import free_port
+
+SECRET = "bench-secret-0123456789abcdef"
+TARGET_ADDED_P50_MS = 0.2
+TARGET_RPS_RATIO = 0.85
+VARIANTS = ("off", "static", "sqlite", "redis")
+
+
+def serve_gateway(port: int, upstream: str, variant: str, data: str, redis_url: str | None) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.config import Settings
+    from gateway.routing import Admission, Backend, ModelRegistry
+    from gateway.runtime import Runtime
+
+    models = ModelRegistry()
+    config = EngineConfig(source="fast", name="fast", options={"base_url": upstream, "upstream_model": "emulated-model"})
+    models.add(Backend(model_id="fast", adapter=registry.create("openai", config), admission=Admission(1024, 4096)))
+    tenancy = {"path": Path(data) / "keys.sqlite3", **({"redis_url": redis_url} if variant == "redis" else {})}
+    static = (SECRET,) if variant == "static" else ()
+    settings = Settings(port=port, tenancy=tenancy, api_keys=static)
+    if variant in ("sqlite", "redis"):
+        asyncio.run(_seed_key(settings))
+    app = create_app(settings, Runtime(settings=settings, models=models))
+    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning",
+                access_log=False, lifespan="on")
+    return 0
+
+
+async def _seed_key(settings: object) -> None:
+    from gateway.tenancy.keys import KeyPolicy, KeyRecord, hash_secret
+    from gateway.tenancy.setup import open_store
+
+    store = open_store(settings.tenancy)  # type: ignore[attr-defined]
+    policy = KeyPolicy(rpm=10**9, tpm=10**12, max_concurrency=10**6, budget_tokens=10**12)
+    try:
+        await store.create(KeyRecord("bench", hash_secret(SECRET), policy, 0.0))
+    finally:
+        await store.close()
+
+
+async def measure(urls: dict[str, str], requests: int, rounds: int) -> dict[str, dict[str, float]]:
+    body = {**BODY, "model": "fast"}
+    auth = {"Authorization": f"Bearer {SECRET}"}
+    p50: dict[str, list[float]] = {v: [] for v in urls}
+    rps: dict[str, list[float]] = {v: [] for v in urls}
+    for url in urls.values():
+        await load(url, 8, 200, body, auth)  # warm-up
+    for _ in range(rounds):
+        for variant, url in urls.items():  # interleaved: the machine's noise falls on every variant alike
+            p50[variant].append((await load(url, 1, max(200, requests // 4), body, auth)).p50_ms)
+            rps[variant].append((await load(url, 32, requests, body, auth)).rps)
+    return {v: {"p50_ms": statistics.median(p50[v]), "rps32": statistics.median(rps[v])} for v in urls}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--serve-gateway", choices=VARIANTS, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--upstream", help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    p.add_argument("--redis-url", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve_gateway:
+        return serve_gateway(args.port, args.upstream, args.serve_gateway, args.data, args.redis_url)
+
+    from tests.redis_server import redis_server
+
+    upstream_port = free_port()
+    procs = [spawn(["tests.emulators.engine_emulator", "--style", "vllm", "--port", str(upstream_port), "--tokens", "16"])]
+    with tempfile.TemporaryDirectory(prefix="enginegate-bench-") as data, redis_server(fsync_always=False) as redis:
+        try:
+            wait_http(f"http://127.0.0.1:{upstream_port}/health", procs[0])
+            urls: dict[str, str] = {}
+            for variant in VARIANTS:
+                port = free_port()
+                folder = Path(data) / variant
+                folder.mkdir()
+                procs.append(spawn(["benchmarks.tenancy_overhead", "--serve-gateway", variant, "--port", str(port),
+                                    "--upstream", f"http://127.0.0.1:{upstream_port}", "--data", str(folder),
+                                    "--redis-url", redis.url]))
+                wait_http(f"http://127.0.0.1:{port}/ready", procs[-1])
+                urls[variant] = f"http://127.0.0.1:{port}/v1/chat/completions"
+            r = asyncio.run(measure(urls, args.requests, args.rounds))
+        finally:
+            for proc in reversed(procs):
+                stop(proc)
+    off = r["off"]
+    print(f"| tenancy | p50 c=1 (ms) | added p50 | req/s c=32 | of off | targets (+{TARGET_ADDED_P50_MS} ms, "
+          f">= {TARGET_RPS_RATIO:.0%}) |")
+    print("|---|---|---|---|---|---|")
+    for variant in VARIANTS:
+        v = r[variant]
+        added, ratio = v["p50_ms"] - off["p50_ms"], v["rps32"] / off["rps32"]
+        verdict = "" if variant == "off" else (
+            f"{'met' if added <= TARGET_ADDED_P50_MS else 'MISSED'} / {'met' if ratio >= TARGET_RPS_RATIO else 'MISSED'}")
+        print(f"| {variant} | {v['p50_ms']:.2f} | {added:+.2f} | {v['rps32']:.0f} | {ratio:.0%} | {verdict} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

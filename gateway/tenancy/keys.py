@@ -1,0 +1,120 @@
+"""Key records: a name (the tenant), a hashed secret, a role and the key's policy (models, limits,
+budget). Pure: no I/O. The secret itself exists only in the answer to create/rotate."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from dataclasses import dataclass, replace
+from datetime import date, datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.identity import Caller, Role, ServiceTier
+
+SECRET_PREFIX = "eg-"
+BudgetPeriod = Literal["day", "month"]
+
+
+class KeyPolicy(BaseModel):
+    """What a key may do: the same fields for keys made with `enginegate keys create` and keys in the config file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    role: Role = "user"
+    """admin: every route, including /admin/* and the engines' pids and ports in /ready; user: the /v1 API."""
+    models: tuple[str, ...] = ()
+    """Model ids (or aliases) this key may use; empty: every model. Others answer 404 and are hidden from /v1/models."""
+    rpm: int | None = Field(default=None, ge=1)
+    """Requests per window (window_seconds, a minute by default); over it: 429 rate_limit_exceeded."""
+    tpm: int | None = Field(default=None, ge=1)
+    """Tokens (prompt + completion) per window; over it: 429 rate_limit_exceeded."""
+    max_concurrency: int | None = Field(default=None, ge=1)
+    """Requests of this key running at once, across every gateway sharing the store."""
+    budget_tokens: int | None = Field(default=None, ge=1)
+    """Tokens per budget_period; spent: 429 insufficient_quota until the period ends."""
+    budget_period: BudgetPeriod = "month"
+    """The budget's period, in UTC: a calendar day or month."""
+    window_seconds: float = Field(default=60.0, gt=0)
+    """The length of the rpm/tpm window (it starts at the window's first request): 60 makes them per minute."""
+    expires: date | datetime | None = None
+    """After this (UTC; a date means its end), the key answers 401."""
+    weight: float = Field(default=1.0, gt=0)
+    """The tenant's share in fair scheduling, relative to other tenants."""
+    service_tier: ServiceTier | None = None
+    """The priority class of this key's requests when a request names none."""
+
+    @property
+    def limited(self) -> bool:
+        return any(v is not None for v in (self.rpm, self.tpm, self.max_concurrency, self.budget_tokens))
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    name: str
+    secret_hash: str
+    policy: KeyPolicy
+    created_at: float
+    revoked_at: float | None = None
+    static: bool = False
+    """From the config file: not revocable or rotatable through the store."""
+
+    def caller(self) -> Caller:
+        return Caller(self.name, self.policy.role, self.policy.weight, self.policy.service_tier)
+
+    def expired(self, now: float) -> bool:
+        return self.policy.expires is not None and now >= expires_at(self.policy.expires)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form (with the hash, never the secret)."""
+        return {"name": self.name, "secret_hash": self.secret_hash, "created_at": self.created_at,
+                "revoked_at": self.revoked_at, "policy": self.policy.model_dump(mode="json", exclude_defaults=True)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> KeyRecord:
+        return cls(data["name"], data["secret_hash"], KeyPolicy.model_validate(data.get("policy") or {}),
+                   float(data["created_at"]), data.get("revoked_at"))
+
+    def public(self) -> dict[str, Any]:
+        """What /admin/keys and `keys list` show: everything but the secret and its hash."""
+        return {"name": self.name, "created_at": self.created_at, "revoked_at": self.revoked_at,
+                "static": self.static, "active": self.revoked_at is None and not self.expired(time.time()),
+                **self.policy.model_dump(mode="json")}
+
+
+def expires_at(value: date | datetime) -> float:
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
+    return datetime(value.year, value.month, value.day, tzinfo=timezone.utc).timestamp() + 86400
+
+
+def new_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_secret(secret: str | bytes) -> str:
+    """SHA-256 of the secret: the secrets are 256 random bits (or the operator's own config key),
+    so a fast hash is enough; only the hash is stored and compared."""
+    return hashlib.sha256(secret if isinstance(secret, bytes) else secret.encode()).hexdigest()
+
+
+def new_record(name: str, policy: KeyPolicy, now: float | None = None) -> tuple[KeyRecord, str]:
+    if not re.fullmatch(VALID_NAME, name):
+        raise ValueError(f"a key name is 1-64 letters, digits, '.', '_' or '-' (got {name[:64]!r})")
+    secret = new_secret()
+    return KeyRecord(name, hash_secret(secret), policy, time.time() if now is None else now), secret
+
+
+def rotated(record: KeyRecord) -> tuple[KeyRecord, str]:
+    secret = new_secret()
+    return replace(record, secret_hash=hash_secret(secret)), secret
+
+
+def allows_model(policy: KeyPolicy, model_id: str, aliases: tuple[str, ...] = ()) -> bool:
+    return not policy.models or model_id in policy.models or any(a in policy.models for a in aliases)
+
+
+VALID_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"

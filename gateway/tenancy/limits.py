@@ -1,0 +1,173 @@
+"""The limit rule and everything derived from one decision (headers, the 429), as pure functions.
+
+The store applies `check` atomically with the charge (a Lua script in Redis, one transaction in
+SQLite), so concurrent requests in several gateway processes never both take the last unit.
+
+Windows: rpm and tpm count over `window_seconds`, a window that starts with its first request
+(so a burst gets exactly `rpm`, whatever the clock says). Tokens: the prompt is estimated and
+charged at admission, then corrected to the engine's count and the completion added when the
+request ends; so a budget is overspent by at most the completions of the requests in flight when
+it ran out (each at most its max_tokens)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from gateway.tenancy.keys import BudgetPeriod, KeyPolicy
+
+Refusal = Literal["requests", "tokens", "concurrency", "budget"]
+CHARS_PER_TOKEN = 4
+PROMPT_FIELDS = ("messages", "prompt", "input", "system", "tools")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    rpm: int | None
+    tpm: int | None
+    concurrency: int | None
+    budget: int | None
+    window_ms: int
+    budget_period: str
+    """The budget period's id (2026-12-01 or 2026-12): the store's counter is per period."""
+    budget_reset_ms: int
+    """Milliseconds from the decision until the budget period ends."""
+
+    @classmethod
+    def of(cls, policy: KeyPolicy, now: float) -> Limits:
+        period, reset_ms = budget_period(policy.budget_period, now)
+        return cls(policy.rpm, policy.tpm, policy.max_concurrency, policy.budget_tokens,
+                   max(1, round(policy.window_seconds * 1000)), period, reset_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    requests: int = 0
+    requests_reset_ms: int = 0
+    tokens: int = 0
+    tokens_reset_ms: int = 0
+    inflight: int = 0
+    budget_used: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    limits: Limits
+    counters: Counters
+    """After the charge when admitted; as found when refused."""
+    refused: Refusal | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.refused is None
+
+
+def check(limits: Limits, counters: Counters, cost: int) -> Refusal | None:
+    """The rule, in this order. A prompt alone larger than tpm still passes in an empty window
+    (it could never pass otherwise); a budget is never entered beyond its size."""
+    if limits.rpm is not None and counters.requests >= limits.rpm:
+        return "requests"
+    if limits.tpm is not None and counters.tokens > 0 and counters.tokens + cost > limits.tpm:
+        return "tokens"
+    if limits.concurrency is not None and counters.inflight >= limits.concurrency:
+        return "concurrency"
+    if limits.budget is not None and counters.budget_used + cost > limits.budget:
+        return "budget"
+    return None
+
+
+def budget_period(period: BudgetPeriod, now: float) -> tuple[str, int]:
+    t = datetime.fromtimestamp(now, timezone.utc)
+    if period == "day":
+        start = t.replace(hour=0, minute=0, second=0, microsecond=0)
+        end = start.timestamp() + 86400
+        return start.strftime("%Y-%m-%d"), max(1, math.ceil((end - now) * 1000))
+    nxt = datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=timezone.utc)
+    return t.strftime("%Y-%m"), max(1, math.ceil((nxt.timestamp() - now) * 1000))
+
+
+def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
+    """About a token per four characters of the request's text (token ids count one each): the
+    admission charge, corrected to the engine's count when the request ends."""
+    chars = ids = 0
+    stack: list[Any] = [body.get(f) for f in PROMPT_FIELDS]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            chars += len(item)
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int):
+            ids += 1
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return max(1, math.ceil(chars / CHARS_PER_TOKEN) + ids)
+
+
+def retry_after_ms(decision: Decision, default_ms: int) -> int:
+    c, limits = decision.counters, decision.limits
+    return {"requests": c.requests_reset_ms, "tokens": c.tokens_reset_ms, "budget": limits.budget_reset_ms}.get(
+        decision.refused or "", default_ms) or default_ms
+
+
+def refusal_message(decision: Decision) -> str:
+    """The 429's message for a refused decision."""
+    limits, c = decision.limits, decision.counters
+    window = _duration(limits.window_ms)
+    if decision.refused == "requests":
+        return f"Rate limit reached for requests: limit {limits.rpm} per {window}, used {c.requests}."
+    if decision.refused == "tokens":
+        return f"Rate limit reached for tokens: limit {limits.tpm} per {window}, used {c.tokens}."
+    if decision.refused == "concurrency":
+        return f"Too many concurrent requests: limit {limits.concurrency}."
+    return (f"Token budget exhausted: {c.budget_used} of {limits.budget} used in {limits.budget_period}; "
+            "it renews when the period ends.")
+
+
+def _windows(decision: Decision) -> Iterator[tuple[str, int, int, int]]:
+    """(kind, limit, remaining, ms to reset) for the windowed limits the key has."""
+    limits, c = decision.limits, decision.counters
+    for kind, limit, used, reset_ms in (("requests", limits.rpm, c.requests, c.requests_reset_ms),
+                                        ("tokens", limits.tpm, c.tokens, c.tokens_reset_ms)):
+        if limit is not None:
+            yield kind, limit, max(0, limit - used), reset_ms or limits.window_ms
+
+
+def rate_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """OpenAI's x-ratelimit-* headers for the limits the key has."""
+    out: list[tuple[bytes, bytes]] = []
+    for kind, limit, remaining, reset_ms in _windows(decision):
+        out += [(f"x-ratelimit-limit-{kind}".encode(), str(limit).encode()),
+                (f"x-ratelimit-remaining-{kind}".encode(), str(remaining).encode()),
+                (f"x-ratelimit-reset-{kind}".encode(), _duration(reset_ms).encode())]
+    return out
+
+
+def anthropic_headers(decision: Decision, now: float) -> list[tuple[bytes, bytes]]:
+    """Anthropic's anthropic-ratelimit-* headers (the reset as an RFC 3339 time)."""
+    out: list[tuple[bytes, bytes]] = []
+    for kind, limit, remaining, reset_ms in _windows(decision):
+        reset = datetime.fromtimestamp(now + reset_ms / 1000, timezone.utc).isoformat(timespec="seconds")
+        out += [(f"anthropic-ratelimit-{kind}-limit".encode(), str(limit).encode()),
+                (f"anthropic-ratelimit-{kind}-remaining".encode(), str(remaining).encode()),
+                (f"anthropic-ratelimit-{kind}-reset".encode(), reset.replace("+00:00", "Z").encode())]
+    return out
+
+
+def _duration(ms: int) -> str:
+    """OpenAI's reset format: 850ms, 12s, 1m30s, 2h0m0s."""
+    if ms < 1000:
+        return f"{ms}ms"
+    s = math.ceil(ms / 1000)
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m}m{s}s"

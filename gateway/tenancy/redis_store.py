@@ -1,0 +1,226 @@
+"""The shared key store: Redis, for several gateway processes or pods enforcing one set of limits.
+
+Every change is one Lua script (atomic on the server): the limit decision checks and charges in
+one step, so N gateways never hand out a limit N times. Key layout, under `prefix`:
+
+    keys      hash  name -> record (JSON, with the secret's hash)
+    active    hash  name -> secret hash (unrevoked keys only)
+    secrets   hash  secret hash -> name
+    w:{name}:requests, w:{name}:tokens   counters of the current window (PEXPIRE = the window)
+    inflight:{name}                      running requests (expires after an idle hour: a dead process's slots)
+    budget:{name}:{period}               tokens spent in the budget period
+    usage:{day}:{name}:{model}           hash of usage counters; `usage` is the set of those (day, name, model)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import orjson
+
+from gateway.tenancy.keys import KeyRecord
+from gateway.tenancy.limits import Counters, Decision, Limits
+from gateway.tenancy.store import USAGE_FIELDS, KeyExists, Settlement, StoreUnavailable
+
+T = TypeVar("T")
+SEP = "\x1f"
+INFLIGHT_TTL_MS = 3600_000
+BUDGET_KEEP_MS = 86400_000
+
+LOOKUP = """
+local name = redis.call('HGET', KEYS[1], ARGV[1])
+if not name then return false end
+return redis.call('HGET', KEYS[2], name)
+"""
+CREATE = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[1])
+return 1
+"""
+# ARGV: name, expected (current) hash, new hash or '' (revoke), new record
+CHANGE = """
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[2])
+if ARGV[3] == '' then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+else
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+  redis.call('HSET', KEYS[3], ARGV[3], ARGV[1])
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
+return 1
+"""
+# KEYS: requests window, tokens window, inflight, budget. ARGV: rpm tpm conc budget window_ms budget_ttl_ms cost (0 = no limit)
+RESERVE = """
+local rpm, tpm, conc, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local window, budget_ttl, cost = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local function get(k) return tonumber(redis.call('GET', k) or '0') end
+local function reset(k) local t = redis.call('PTTL', k); if t < 0 then return window end; return t end
+local r, rr, t, tr, c, b = 0, 0, 0, 0, 0, 0
+if rpm > 0 then r = get(KEYS[1]); rr = reset(KEYS[1]) end
+if tpm > 0 then t = get(KEYS[2]); tr = reset(KEYS[2]) end
+if conc > 0 then c = get(KEYS[3]) end
+if budget > 0 then b = get(KEYS[4]) end
+local refused = ''
+if rpm > 0 and r >= rpm then refused = 'requests'
+elseif tpm > 0 and t > 0 and t + cost > tpm then refused = 'tokens'
+elseif conc > 0 and c >= conc then refused = 'concurrency'
+elseif budget > 0 and b + cost > budget then refused = 'budget' end
+if refused == '' then
+  if rpm > 0 then r = redis.call('INCR', KEYS[1]); if r == 1 then redis.call('PEXPIRE', KEYS[1], window) end end
+  if tpm > 0 then t = redis.call('INCRBY', KEYS[2], cost); if redis.call('PTTL', KEYS[2]) < 0 then redis.call('PEXPIRE', KEYS[2], window) end end
+  if conc > 0 then c = redis.call('INCR', KEYS[3]); redis.call('PEXPIRE', KEYS[3], ARGV[8]) end
+  if budget > 0 then b = redis.call('INCRBY', KEYS[4], cost); redis.call('PEXPIRE', KEYS[4], budget_ttl) end
+end
+return {refused, r, rr, t, tr, c, b}
+"""
+# KEYS: inflight, tokens window, budget, usage hash, usage index.
+# ARGV: release tpm budget delta window_ms budget_ttl_ms member, then usage field/value pairs
+SETTLE = """
+if ARGV[1] == '1' then
+  if redis.call('DECR', KEYS[1]) < 0 then redis.call('SET', KEYS[1], 0, 'KEEPTTL') end
+end
+local d = tonumber(ARGV[4])
+local function add(k, ttl)
+  if redis.call('INCRBY', k, d) < 0 then redis.call('SET', k, 0, 'KEEPTTL') end
+  if redis.call('PTTL', k) < 0 then redis.call('PEXPIRE', k, ttl) end
+end
+if ARGV[2] == '1' and d ~= 0 then add(KEYS[2], ARGV[5]) end
+if ARGV[3] == '1' and d ~= 0 then add(KEYS[3], ARGV[6]) end
+for i = 8, #ARGV, 2 do
+  if ARGV[i + 1] ~= '0' then redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 1]) end
+end
+redis.call('SADD', KEYS[5], ARGV[7])
+return 1
+"""
+
+
+class RedisKeyStore:
+    def __init__(self, url: str, prefix: str = "enginegate:", timeout_s: float = 2.0) -> None:
+        import redis.asyncio as aioredis
+
+        self.url = url
+        self.p = prefix
+        self.client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                              health_check_interval=30)
+        self._lookup = self.client.register_script(LOOKUP)
+        self._create = self.client.register_script(CREATE)
+        self._change = self.client.register_script(CHANGE)
+        self._reserve = self.client.register_script(RESERVE)
+        self._settle = self.client.register_script(SETTLE)
+
+    async def _run(self, call: Callable[[], Awaitable[T]]) -> T:
+        from redis.exceptions import ResponseError, RedisError
+
+        try:
+            return await call()
+        except ResponseError:
+            raise  # a script or command bug: not an outage
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"key store {self._where()}: {type(exc).__name__}: {exc}") from exc
+
+    def _where(self) -> str:
+        kw = self.client.connection_pool.connection_kwargs
+        return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"  # never the URL's password
+
+    @property
+    def _hashes(self) -> list[str]:
+        return [self.p + "keys", self.p + "active", self.p + "secrets"]
+
+    async def lookup(self, secret_hash: str) -> KeyRecord | None:
+        raw = await self._run(lambda: self._lookup(keys=[self.p + "secrets", self.p + "keys"], args=[secret_hash]))
+        return KeyRecord.from_json(orjson.loads(raw)) if raw else None
+
+    async def get(self, name: str) -> KeyRecord | None:
+        raw = await self._run(lambda: self.client.hget(self.p + "keys", name))
+        return KeyRecord.from_json(orjson.loads(raw)) if raw else None
+
+    async def has_keys(self) -> bool:
+        return bool(await self._run(lambda: self.client.hlen(self.p + "active")))
+
+    async def list(self) -> list[KeyRecord]:
+        raw = await self._run(lambda: self.client.hgetall(self.p + "keys"))
+        return sorted((KeyRecord.from_json(orjson.loads(v)) for v in raw.values()), key=lambda r: r.name)
+
+    async def create(self, record: KeyRecord) -> None:
+        made = await self._run(lambda: self._create(keys=self._hashes,
+                                                    args=[record.name, record.secret_hash, orjson.dumps(record.to_json())]))
+        if not made:
+            raise KeyExists(record.name)
+
+    async def revoke(self, name: str, at: float) -> KeyRecord | None:
+        return await self._change_record(name, lambda r: replace(r, revoked_at=at), "")
+
+    async def replace_secret(self, name: str, secret_hash: str) -> KeyRecord | None:
+        return await self._change_record(name, lambda r: replace(r, secret_hash=secret_hash), secret_hash)
+
+    async def _change_record(self, name: str, change: Callable[[KeyRecord], KeyRecord], new_hash: str) -> KeyRecord | None:
+        current = await self.get(name)
+        if current is None or current.revoked_at is not None:
+            return None
+        record = change(current)
+        done = await self._run(lambda: self._change(keys=self._hashes, args=[
+            name, current.secret_hash, new_hash, orjson.dumps(record.to_json())]))
+        return record if done else None
+
+    async def reserve(self, name: str, limits: Limits, cost: int) -> Decision:
+        keys = [f"{self.p}w:{name}:requests", f"{self.p}w:{name}:tokens", f"{self.p}inflight:{name}",
+                f"{self.p}budget:{name}:{limits.budget_period}"]
+        args = [limits.rpm or 0, limits.tpm or 0, limits.concurrency or 0, limits.budget or 0, limits.window_ms,
+                limits.budget_reset_ms + BUDGET_KEEP_MS, cost, INFLIGHT_TTL_MS]
+        out = await self._run(lambda: self._reserve(keys=keys, args=args))
+        refused = out[0].decode() if isinstance(out[0], bytes) else str(out[0])
+        counters = Counters(*(int(v) for v in out[1:7]))
+        return Decision(limits, counters, refused or None)  # type: ignore[arg-type]
+
+    def _settle_call(self, s: Settlement) -> tuple[list[str], list[Any]]:
+        u, limits = s.usage, s.limits
+        keys = [f"{self.p}inflight:{s.name}", f"{self.p}w:{s.name}:tokens",
+                f"{self.p}budget:{s.name}:{limits.budget_period if limits else '-'}",
+                f"{self.p}usage:{u.day}:{u.name}:{u.model}", self.p + "usage"]
+        args: list[Any] = [
+            int(bool(s.release and limits and limits.concurrency)), int(bool(limits and limits.tpm)),
+            int(bool(limits and limits.budget)), s.token_delta, limits.window_ms if limits else 1,
+            (limits.budget_reset_ms + BUDGET_KEEP_MS) if limits else 1, SEP.join((u.day, u.name, u.model))]
+        for f in USAGE_FIELDS:
+            args += [f, getattr(u, f)]
+        return keys, args
+
+    async def settle(self, settlements: list[Settlement]) -> None:
+        async def run() -> None:
+            if len(settlements) == 1:  # the common case: one round trip, no pipeline
+                keys, args = self._settle_call(settlements[0])
+                await self._settle(keys=keys, args=args)
+                return
+            async with self.client.pipeline(transaction=False) as pipe:
+                for s in settlements:
+                    keys, args = self._settle_call(s)
+                    await self._settle(keys=keys, args=args, client=pipe)
+                await pipe.execute()
+
+        await self._run(run)
+
+    async def usage(self, name: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
+        async def run() -> list[dict[str, Any]]:
+            members = sorted(m.decode().split(SEP) for m in await self.client.smembers(self.p + "usage"))
+            wanted = [(day, n, model) for day, n, model in members
+                      if (name is None or n == name) and (since is None or day >= since)]
+            async with self.client.pipeline(transaction=False) as pipe:
+                for day, n, model in wanted:
+                    pipe.hgetall(f"{self.p}usage:{day}:{n}:{model}")
+                values = await pipe.execute()
+            return [{"name": n, "model": model, "day": day, **{f: int(v.get(f.encode(), 0)) for f in USAGE_FIELDS}}
+                    for (day, n, model), v in zip(wanted, values, strict=True)]
+
+        rows = await self._run(run)
+        return sorted(rows, key=lambda r: (r["day"], r["name"], r["model"]))
+
+    async def close(self) -> None:
+        try:
+            await self.client.aclose()
+        except Exception:  # closing a connection to a dead server: nothing left to release
+            pass

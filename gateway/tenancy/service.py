@@ -1,0 +1,207 @@
+"""The tenancy service, where every side effect lives: authenticate a key, reserve its limits,
+settle what a request used, buffer usage while the store is down, and spool it on shutdown.
+
+Store faults: with `on_store_error: closed` (the default) a request that needs the store answers
+503 store_unavailable (static config keys still authenticate); with `open` the last-known keys
+authenticate and limits are not enforced. Usage that cannot be written is kept in memory and
+written when the store answers again; what is still unwritten at shutdown goes to a spool file
+(0600) beside the key store, replayed at the next start."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from gateway.tenancy.keys import KeyRecord, hash_secret
+from gateway.tenancy.limits import Decision, Limits, estimate_prompt_tokens
+from gateway.tenancy.metrics import TenancyMetrics
+from gateway.tenancy.store import KeyStore, Settlement, StoreUnavailable, UsageDelta
+from gateway.tenancy.ticket import Ticket
+
+log = logging.getLogger("enginegate.tenancy")
+HAS_KEYS_TTL_S = 1.0
+FLUSH_INTERVAL_S = 1.0
+KNOWN_KEYS_MAX = 10_000
+
+
+class Refused(Exception):
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(decision.refused)
+        self.decision = decision
+
+
+class Tenancy:
+    def __init__(self, store: KeyStore, static: Iterable[tuple[str, KeyRecord]] = (), *, spool: Path | None = None,
+                 on_store_error: Literal["closed", "open"] = "closed", metrics: TenancyMetrics | None = None) -> None:
+        self.store = store
+        self.static = {hash_secret(secret): record for secret, record in static}
+        self.static_names = {r.name: r for r in self.static.values()}
+        self.spool = spool
+        self.fail_open = on_store_error == "open"
+        self.metrics = metrics
+        self._known: dict[str, KeyRecord] = {}  # for on_store_error: open
+        self._has_keys: tuple[float, bool] = (-HAS_KEYS_TTL_S, True)  # closed until the store has answered
+        self._pending: list[Settlement] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._replayed = False
+
+    # -- authentication ------------------------------------------------------------------------
+    async def required(self) -> bool:
+        """Keys exist (config or store): every protected route needs one. The store is asked at most once a second."""
+        if self.static:
+            return True
+        at, value = self._has_keys
+        now = time.monotonic()
+        if now - at < HAS_KEYS_TTL_S:
+            return value
+        self._has_keys = (now, value)  # one refresh at a time: concurrent requests use the last answer
+        try:
+            value = await self.store.has_keys()
+        except StoreUnavailable as exc:
+            log.warning("%s: keys are required until it answers", exc)
+            value = True
+        self._has_keys = (time.monotonic(), value)
+        return value
+
+    async def authenticate(self, token: bytes) -> KeyRecord | None:
+        """The active, unexpired key with this secret, or None. Raises StoreUnavailable (fail closed)."""
+        digest = hash_secret(token)
+        record = self.static.get(digest)
+        if record is None:
+            try:
+                record = await self.store.lookup(digest)
+            except StoreUnavailable:
+                if not self.fail_open or digest not in self._known:
+                    raise
+                record = self._known[digest]
+            if record is not None and len(self._known) < KNOWN_KEYS_MAX:
+                self._known[digest] = record
+            elif record is None:
+                self._known.pop(digest, None)
+        if record is None or record.revoked_at is not None or record.expired(time.time()):
+            return None
+        return record
+
+    # -- limits --------------------------------------------------------------------------------
+    async def reserve(self, record: KeyRecord, model: str, body: dict[str, Any]) -> Ticket:
+        """Admit one request of this key (raises Refused for a 429, StoreUnavailable when failing closed)."""
+        policy = record.policy
+        if not policy.limited:
+            return Ticket(record.name, model)
+        limits = Limits.of(policy, time.time())
+        cost = estimate_prompt_tokens(body) if limits.tpm or limits.budget else 0
+        try:
+            decision = await self.store.reserve(record.name, limits, cost)
+        except StoreUnavailable as exc:
+            if not self.fail_open:
+                raise
+            log.warning("%s: admitting %s without limits (on_store_error: open)", exc, record.name)
+            return Ticket(record.name, model)
+        if not decision.admitted:
+            if self.metrics is not None:
+                self.metrics.rejected(record.name, model, decision.refused or "")
+            await self._write([Settlement(record.name, None, 0, False, _usage(record.name, model, rejected=1))])
+            raise Refused(decision)
+        return Ticket(record.name, model, limits, decision, charged=cost)
+
+    async def settle(self, ticket: Ticket, failed: bool, engine_s: float) -> None:
+        if ticket.settled:
+            return
+        ticket.settled = True
+        prompt = ticket.charged if ticket.prompt_tokens is None else ticket.prompt_tokens
+        completion = ticket.completion_tokens or ticket.streamed_events
+        usage = _usage(ticket.name, ticket.model, requests=1, prompt_tokens=prompt, completion_tokens=completion,
+                       errors=int(failed or ticket.failed), engine_ms=round(engine_s * 1000))
+        if self.metrics is not None:
+            self.metrics.settled(usage)
+        await self._write([Settlement(ticket.name, ticket.limits if ticket.decision else None, ticket.token_delta(),
+                                      ticket.holds_slot, usage)])
+
+    # -- writing usage -------------------------------------------------------------------------
+    async def _write(self, settlements: list[Settlement]) -> None:
+        if self._pending:  # keep the order: after what is already waiting
+            self._pending.extend(settlements)
+            return
+        try:
+            await self.store.settle(settlements)
+        except StoreUnavailable as exc:
+            log.warning("%s: usage kept in memory until it answers", exc)
+            self._pending.extend(settlements)
+            if self._flusher is None or self._flusher.done():
+                self._flusher = asyncio.create_task(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        while self._pending:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            await self.flush()
+
+    async def flush(self) -> bool:
+        """Write what is buffered; True when nothing is left."""
+        batch = self._pending[:]
+        if not batch:
+            return True
+        try:
+            await self.store.settle(batch)
+        except StoreUnavailable:
+            return False
+        del self._pending[:len(batch)]
+        log.info("wrote %d buffered usage record(s) to the key store", len(batch))
+        return not self._pending
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def close(self) -> None:
+        """At shutdown: write the buffer, else spool it to a file; nothing is lost."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        if not await self.flush() and self.spool is not None:
+            self._spool_out(self._pending)
+            self._pending.clear()
+        await self.store.close()
+
+    def _spool_out(self, settlements: list[Settlement]) -> None:
+        assert self.spool is not None
+        if not self.spool.parent.exists():
+            self.spool.parent.mkdir(parents=True, mode=0o700)
+        fd = os.open(self.spool, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "ab") as out:
+            for s in settlements:
+                out.write(orjson.dumps(s.to_json()) + b"\n")
+        log.warning("key store unreachable at shutdown: %d usage record(s) spooled to %s", len(settlements), self.spool)
+
+    async def _replay_spool(self) -> None:
+        if self._replayed:
+            return
+        self._replayed = True
+        if self.spool is None or not self.spool.exists():
+            return
+        claimed = self.spool.with_suffix(f".{os.getpid()}")
+        try:
+            self.spool.rename(claimed)  # one process replays it
+        except OSError:
+            return
+        lines = claimed.read_bytes().splitlines()
+        await self._write([Settlement.from_json(orjson.loads(line)) for line in lines if line.strip()])
+        claimed.unlink()
+        log.info("replayed %d spooled usage record(s)", len(lines))
+
+    async def start(self) -> None:
+        await self.required()
+        await self._replay_spool()
+
+
+def _usage(name: str, model: str, **counts: int) -> UsageDelta:
+    return UsageDelta(name, model, datetime.now(timezone.utc).strftime("%Y-%m-%d"), **counts)

@@ -1,0 +1,51 @@
+"""Tenancy from the settings: the store (Redis when `tenancy.redis_url` is set, else the SQLite
+file), the config file's static keys, and the spool file beside the key store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from gateway.config import Settings, StaticKey, TenancyConfig
+from gateway.tenancy.keys import KeyPolicy, KeyRecord, hash_secret
+from gateway.tenancy.metrics import TenancyMetrics
+from gateway.tenancy.service import Tenancy
+from gateway.tenancy.sqlite_store import SQLiteKeyStore, default_keys_path
+from gateway.tenancy.store import KeyStore
+
+SPOOL_NAME = "usage-spool.jsonl"
+
+
+def open_store(cfg: TenancyConfig) -> KeyStore:
+    if cfg.redis_url:
+        from gateway.tenancy.redis_store import RedisKeyStore
+
+        return RedisKeyStore(cfg.redis_url, cfg.redis_prefix, cfg.store_timeout_seconds)
+    return SQLiteKeyStore(cfg.path or default_keys_path())
+
+
+def static_keys(keys: tuple[str | StaticKey, ...]) -> list[tuple[str, KeyRecord]]:
+    """(secret, record) per config key; a plain string is a user key with no limits."""
+    out: list[tuple[str, KeyRecord]] = []
+    for key in keys:
+        secret, policy, name = (key, KeyPolicy(), None) if isinstance(key, str) else (
+            key.key, KeyPolicy.model_validate(key.model_dump(exclude={"key", "name"})), key.name)
+        digest = hash_secret(secret)
+        out.append((secret, KeyRecord(name or f"static-{digest[:8]}", digest, policy, 0.0, static=True)))
+    names = [r.name for _, r in out]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"api_keys: the name {duplicates[0]!r} is used by more than one key")
+    return out
+
+
+def spool_path(cfg: TenancyConfig) -> Path:
+    return (cfg.path or default_keys_path()).parent / SPOOL_NAME
+
+
+def build_tenancy(settings: Settings, registry: CollectorRegistry | None = None) -> Tenancy:
+    cfg = settings.tenancy
+    metrics = TenancyMetrics(registry) if cfg.key_metrics and registry is not None else None
+    return Tenancy(open_store(cfg), static_keys(settings.api_keys), spool=spool_path(cfg),
+                   on_store_error=cfg.on_store_error, metrics=metrics)

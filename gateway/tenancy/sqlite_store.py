@@ -1,0 +1,323 @@
+"""The embedded key store: one SQLite file (WAL), 0600 in a 0700 folder.
+
+Concurrency: each limit decision is one `BEGIN IMMEDIATE` transaction, so several gateway
+processes on the same file never both take the last unit of a limit. The hot path (key lookup,
+reserve, settle) runs on the event loop's own connection, which never waits: in WAL mode a read
+never waits for a writer; a write that finds the file locked (busy timeout 0) is handed to the
+worker thread, which waits for the lock there; commits do not fsync (synchronous=NORMAL) and the
+WAL checkpoint (which does) runs on the worker thread. A thread hop per call cost more than the
+queries themselves (benchmarks/tenancy_overhead.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from gateway.tenancy.keys import KeyRecord
+from gateway.tenancy.limits import Counters, Decision, Limits, check
+from gateway.tenancy.store import USAGE_FIELDS, KeyExists, Settlement, StoreUnavailable
+
+T = TypeVar("T")
+BUSY_TIMEOUT_S = 5.0
+CHECKPOINT_EVERY = 256  # commits on the loop's connection between two checkpoints (on the worker thread)
+INFLIGHT_STALE_MS = 3600_000  # a process that died holding slots: its counts expire after an idle hour
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS keys (
+    name TEXT PRIMARY KEY,
+    secret_hash TEXT UNIQUE,
+    record BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS windows (
+    name TEXT NOT NULL, kind TEXT NOT NULL, started_ms INTEGER NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY (name, kind)
+);
+CREATE TABLE IF NOT EXISTS inflight (name TEXT PRIMARY KEY, count INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS budgets (
+    name TEXT NOT NULL, period TEXT NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (name, period)
+);
+CREATE TABLE IF NOT EXISTS usage (
+    name TEXT NOT NULL, model TEXT NOT NULL, day TEXT NOT NULL,
+    requests INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0, errors INTEGER NOT NULL DEFAULT 0,
+    rejected INTEGER NOT NULL DEFAULT 0, engine_ms INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (name, day, model)
+);
+"""
+
+
+def default_keys_path() -> Path:
+    """$XDG_DATA_HOME/enginegate/keys.sqlite3, beside the response store: `enginegate keys` and `serve` agree."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "enginegate" / "keys.sqlite3"
+
+
+def private_file(path: Path) -> None:
+    """Create the folder 0700 (when new) and the file 0600, before SQLite opens it (its -wal and
+    -shm files take the file's mode)."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    os.chmod(path, 0o600)
+
+
+def _locked(exc: sqlite3.OperationalError) -> bool:
+    """SQLITE_BUSY/LOCKED: another connection holds the lock (the loop's connection never waits for it)."""
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _transaction(db: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        out = body(db)
+    except BaseException:
+        db.rollback()
+        raise
+    db.commit()
+    return out
+
+
+class SQLiteKeyStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="enginegate-keys")
+        self._db: sqlite3.Connection | None = None
+        self._loop_db: sqlite3.Connection | None = None
+        self._commits = 0
+
+    # -- the worker thread -------------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            private_file(self.path)
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(SCHEMA)
+            self._db = db
+        return self._db
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        def call() -> T:
+            try:
+                return fn(*args)
+            except (sqlite3.Error, OSError) as exc:
+                if self._db is not None and self._db.in_transaction:
+                    self._db.rollback()
+                raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    def _tx(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        return _transaction(self._conn(), body)
+
+    # -- keys --------------------------------------------------------------------------------
+    def _loop_conn(self) -> sqlite3.Connection | None:
+        """The event loop's connection, once the worker thread has made the file and its schema: never waits for a lock."""
+        if self._loop_db is None:
+            if self._db is None:
+                return None
+            db = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints fsync: the worker thread does them
+            self._loop_db = db
+        return self._loop_db
+
+    async def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """One transaction on the loop's connection; on a locked file (or none yet), on the worker thread."""
+        try:
+            db = self._loop_conn()
+            if db is not None:
+                out = _transaction(db, body)
+                self._commits += 1
+                if self._commits % CHECKPOINT_EVERY == 0:
+                    self._executor.submit(self._checkpoint)
+                return out
+        except sqlite3.OperationalError as exc:
+            if not _locked(exc):
+                self._loop_db = None
+                raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
+        except sqlite3.Error as exc:
+            self._loop_db = None
+            raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
+        return await self._run(self._tx, body)
+
+    def _checkpoint(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._conn().execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    async def lookup(self, secret_hash: str) -> KeyRecord | None:
+        sql = "SELECT record FROM keys WHERE secret_hash = ?"
+        try:
+            db = self._loop_conn()
+            if db is None:
+                return await self._run(self._one, sql, secret_hash)
+            row = db.execute(sql, (secret_hash,)).fetchone()
+        except sqlite3.OperationalError as exc:
+            if not _locked(exc):
+                self._loop_db = None
+                raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
+            return await self._run(self._one, sql, secret_hash)  # rare for a WAL read: wait on the thread
+        except sqlite3.Error as exc:
+            self._loop_db = None
+            raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
+        return KeyRecord.from_json(orjson.loads(row[0])) if row else None
+
+    async def get(self, name: str) -> KeyRecord | None:
+        return await self._run(self._one, "SELECT record FROM keys WHERE name = ?", name)
+
+    def _one(self, sql: str, arg: str) -> KeyRecord | None:
+        row = self._conn().execute(sql, (arg,)).fetchone()
+        return KeyRecord.from_json(orjson.loads(row[0])) if row else None
+
+    async def has_keys(self) -> bool:
+        def run() -> bool:
+            if self._db is None and not self.path.exists():
+                return False  # nothing made yet: no file is created until a key or a usage record is written
+            return self._conn().execute("SELECT 1 FROM keys WHERE secret_hash IS NOT NULL LIMIT 1").fetchone() is not None
+
+        return await self._run(run)
+
+    async def list(self) -> list[KeyRecord]:
+        def run() -> list[KeyRecord]:
+            if self._db is None and not self.path.exists():
+                return []
+            return [KeyRecord.from_json(orjson.loads(r[0])) for r in self._conn().execute("SELECT record FROM keys ORDER BY name")]
+
+        return await self._run(run)
+
+    async def create(self, record: KeyRecord) -> None:
+        def body(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT secret_hash FROM keys WHERE name = ?", (record.name,)).fetchone()
+            if row is not None and row[0] is not None:
+                raise KeyExists(record.name)
+            db.execute("INSERT OR REPLACE INTO keys (name, secret_hash, record) VALUES (?, ?, ?)",
+                       (record.name, record.secret_hash, orjson.dumps(record.to_json())))
+
+        await self._run(self._tx, body)
+
+    async def revoke(self, name: str, at: float) -> KeyRecord | None:
+        return await self._run(self._tx, lambda db: self._update(db, name, lambda r: replace(r, revoked_at=at), None))
+
+    async def replace_secret(self, name: str, secret_hash: str) -> KeyRecord | None:
+        return await self._run(self._tx, lambda db: self._update(db, name, lambda r: replace(r, secret_hash=secret_hash),
+                                                                 secret_hash))
+
+    @staticmethod
+    def _update(db: sqlite3.Connection, name: str, change: Callable[[KeyRecord], KeyRecord],
+                new_hash: str | None) -> KeyRecord | None:
+        row = db.execute("SELECT record, secret_hash FROM keys WHERE name = ?", (name,)).fetchone()
+        if row is None or row[1] is None:
+            return None  # unknown or already revoked
+        record = change(KeyRecord.from_json(orjson.loads(row[0])))
+        db.execute("UPDATE keys SET secret_hash = ?, record = ? WHERE name = ?",
+                   (new_hash, orjson.dumps(record.to_json()), name))
+        return record
+
+    # -- limits ------------------------------------------------------------------------------
+    async def reserve(self, name: str, limits: Limits, cost: int) -> Decision:
+        return await self._write(lambda db: self._reserve(db, name, limits, cost))
+
+    @staticmethod
+    def _window(db: sqlite3.Connection, name: str, kind: str, now_ms: int, window_ms: int) -> tuple[int, int]:
+        """(count, ms until the window resets); an ended window counts 0."""
+        row = db.execute("SELECT started_ms, count FROM windows WHERE name = ? AND kind = ?", (name, kind)).fetchone()
+        if row is None or now_ms - row[0] >= window_ms:
+            return 0, window_ms
+        return int(row[1]), int(row[0] + window_ms - now_ms)
+
+    @staticmethod
+    def _add_window(db: sqlite3.Connection, name: str, kind: str, now_ms: int, window_ms: int, n: int) -> None:
+        db.execute(
+            "INSERT INTO windows (name, kind, started_ms, count) VALUES (?1, ?2, ?3, max(?4, 0)) "
+            "ON CONFLICT (name, kind) DO UPDATE SET "
+            "count = CASE WHEN ?3 - started_ms >= ?5 THEN max(?4, 0) ELSE max(count + ?4, 0) END, "
+            "started_ms = CASE WHEN ?3 - started_ms >= ?5 THEN ?3 ELSE started_ms END",
+            (name, kind, now_ms, n, window_ms))
+
+    def _reserve(self, db: sqlite3.Connection, name: str, limits: Limits, cost: int) -> Decision:
+        now_ms = int(time.time() * 1000)
+        requests, requests_reset = self._window(db, name, "requests", now_ms, limits.window_ms) if limits.rpm else (0, 0)
+        tokens, tokens_reset = self._window(db, name, "tokens", now_ms, limits.window_ms) if limits.tpm else (0, 0)
+        inflight = 0
+        if limits.concurrency:
+            row = db.execute("SELECT count, updated_ms FROM inflight WHERE name = ?", (name,)).fetchone()
+            inflight = int(row[0]) if row and now_ms - row[1] < INFLIGHT_STALE_MS else 0
+        used = 0
+        if limits.budget:
+            row = db.execute("SELECT used FROM budgets WHERE name = ? AND period = ?", (name, limits.budget_period)).fetchone()
+            used = int(row[0]) if row else 0
+        found = Counters(requests, requests_reset, tokens, tokens_reset, inflight, used)
+        refused = check(limits, found, cost)
+        if refused is not None:
+            return Decision(limits, found, refused)
+        if limits.rpm:
+            self._add_window(db, name, "requests", now_ms, limits.window_ms, 1)
+        if limits.tpm:
+            self._add_window(db, name, "tokens", now_ms, limits.window_ms, cost)
+        if limits.concurrency:
+            db.execute("INSERT INTO inflight (name, count, updated_ms) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
+                       "SET count = excluded.count, updated_ms = excluded.updated_ms", (name, inflight + 1, now_ms))
+        if limits.budget:
+            self._add_budget(db, name, limits.budget_period, cost)
+        return Decision(limits, Counters(requests + 1, requests_reset, tokens + cost, tokens_reset, inflight + 1, used + cost))
+
+    @staticmethod
+    def _add_budget(db: sqlite3.Connection, name: str, period: str, n: int) -> None:
+        db.execute("INSERT INTO budgets (name, period, used) VALUES (?, ?, max(?3, 0)) ON CONFLICT (name, period) "
+                   "DO UPDATE SET used = max(used + ?3, 0)", (name, period, n))
+
+    async def settle(self, settlements: list[Settlement]) -> None:
+        def body(db: sqlite3.Connection) -> None:
+            now_ms = int(time.time() * 1000)
+            for s in settlements:
+                limits = s.limits
+                if limits is not None:
+                    if s.release and limits.concurrency:
+                        db.execute("UPDATE inflight SET count = max(count - 1, 0), updated_ms = ? WHERE name = ?",
+                                   (now_ms, s.name))
+                    if s.token_delta and limits.tpm:
+                        self._add_window(db, s.name, "tokens", now_ms, limits.window_ms, s.token_delta)
+                    if s.token_delta and limits.budget:
+                        self._add_budget(db, s.name, limits.budget_period, s.token_delta)
+                u = s.usage
+                values = [getattr(u, f) for f in USAGE_FIELDS]
+                db.execute(f"INSERT INTO usage (name, model, day, {', '.join(USAGE_FIELDS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                           "ON CONFLICT (name, day, model) DO UPDATE SET "
+                           + ", ".join(f"{f} = {f} + excluded.{f}" for f in USAGE_FIELDS),
+                           (u.name, u.model, u.day, *values))
+
+        await self._write(body)
+
+    async def usage(self, name: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
+        def run() -> list[dict[str, Any]]:
+            if self._db is None and not self.path.exists():
+                return []
+            rows = self._conn().execute(
+                f"SELECT name, model, day, {', '.join(USAGE_FIELDS)} FROM usage WHERE (?1 IS NULL OR name = ?1) "
+                "AND (?2 IS NULL OR day >= ?2) ORDER BY day, name, model", (name, since)).fetchall()
+            return [dict(zip(("name", "model", "day", *USAGE_FIELDS), r, strict=True)) for r in rows]
+
+        return await self._run(run)
+
+    async def close(self) -> None:
+        if self._loop_db is not None:
+            self._loop_db.close()
+            self._loop_db = None
+
+        def run() -> None:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+        await self._run(run)
+        self._executor.shutdown(wait=False)

@@ -1,0 +1,43 @@
+"""One admitted request's account: what admission charged, what the request used when it ended.
+
+The serving flow records usage on it (sync, no I/O); the auth middleware settles it once, when
+the response ends, the client leaves or the app fails."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.tenancy.limits import Decision, Limits
+
+
+@dataclass(slots=True)
+class Ticket:
+    name: str
+    model: str
+    limits: Limits | None = None
+    decision: Decision | None = None
+    """The admission decision (None: the key has no limits, or the store was down and fails open)."""
+    charged: int = 0
+    """Prompt tokens charged at admission (the estimate)."""
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    streamed_events: int = 0
+    failed: bool = False
+    settled: bool = False
+
+    def record(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
+        if prompt_tokens is not None:
+            self.prompt_tokens = prompt_tokens
+        if completion_tokens is not None:
+            self.completion_tokens = completion_tokens
+
+    @property
+    def holds_slot(self) -> bool:
+        return self.decision is not None and self.limits is not None and self.limits.concurrency is not None
+
+    def token_delta(self) -> int:
+        """Tokens to add at the end: the prompt's correction and the completion; a stream the
+        client left without a usage event counts one token per content event it received."""
+        prompt = self.charged if self.prompt_tokens is None else self.prompt_tokens
+        completion = self.completion_tokens or self.streamed_events
+        return prompt - self.charged + completion

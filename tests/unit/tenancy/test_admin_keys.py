@@ -1,0 +1,51 @@
+"""/admin/keys in process: an open gateway (no key anywhere) cannot be locked by a remote client
+creating the first key; with an admin key, keys are made, listed without secrets and revoked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from gateway.app import create_app
+from gateway.config import Settings
+from gateway.runtime import runtime_for_adapters
+from tests.fakes import EchoAdapter
+
+CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def client(tmp_path: Path, **settings: object) -> TestClient:
+    s = Settings(tenancy={"path": tmp_path / "keys.sqlite3"}, **settings)  # type: ignore[arg-type]
+    return TestClient(create_app(s, runtime_for_adapters(s, {"echo": EchoAdapter()})))
+
+
+def test_an_open_gateway_refuses_to_make_its_first_key_remotely(tmp_path: Path) -> None:
+    with client(tmp_path) as c:
+        r = c.post("/admin/keys", json={"name": "intruder", "role": "admin"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "permission_denied"
+        assert c.get("/admin/keys").json()["data"] == []
+        assert c.post("/v1/chat/completions", json=CHAT).status_code == 200  # still open
+
+
+def test_admin_makes_lists_and_revokes_keys(tmp_path: Path) -> None:
+    admin = {"Authorization": "Bearer root-key"}
+    with client(tmp_path, api_keys=({"key": "root-key", "role": "admin", "name": "root"},)) as c:
+        made = c.post("/admin/keys", json={"name": "team-a", "models": ["echo"], "rpm": 2}, headers=admin)
+        assert made.status_code == 200
+        secret = made.json()["key"]
+        assert c.post("/admin/keys", json={"name": "team-a"}, headers=admin).status_code == 409
+        assert c.post("/admin/keys", json={"name": "root"}, headers=admin).status_code == 409
+        assert c.post("/admin/keys", json={"name": "bad name"}, headers=admin).status_code == 400
+        listed = c.get("/admin/keys", headers=admin).text
+        assert secret not in listed and "root-key" not in listed and '"team-a"' in listed
+        user = {"Authorization": f"Bearer {secret}"}
+        assert c.get("/admin/keys", headers=user).status_code == 403
+        assert c.post("/v1/chat/completions", json=CHAT, headers=user).headers["x-ratelimit-remaining-requests"] == "1"
+        rotated = c.post("/admin/keys/team-a/rotate", headers=admin).json()["key"]
+        assert c.post("/v1/chat/completions", json=CHAT, headers=user).status_code == 401
+        again = c.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {rotated}"})
+        assert again.status_code == 200 and again.headers["x-ratelimit-remaining-requests"] == "0"  # limits carry on
+        assert c.post("/admin/keys/team-a/revoke", headers=admin).status_code == 200
+        assert c.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {rotated}"}).status_code == 401
+        assert c.post("/admin/keys/team-a/revoke", headers=admin).status_code == 404

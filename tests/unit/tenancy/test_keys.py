@@ -1,0 +1,146 @@
+"""Key records and their life in both stores: create, look up by hash, rotate, revoke; the file's
+mode; usage kept while the store is down and spooled on shutdown."""
+
+from __future__ import annotations
+
+import stat
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gateway.tenancy.keys import KeyPolicy, hash_secret, new_record, rotated
+from gateway.tenancy.redis_store import RedisKeyStore
+from gateway.tenancy.service import Tenancy
+from gateway.tenancy.sqlite_store import SQLiteKeyStore
+from gateway.tenancy.store import KeyExists, KeyStore, StoreUnavailable
+from tests.redis_server import RedisServer, redis_server
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+@pytest_asyncio.fixture(params=["sqlite", "redis"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[KeyStore]:
+    s: Any = (SQLiteKeyStore(tmp_path / "d" / "keys.sqlite3") if request.param == "sqlite"
+              else RedisKeyStore(request.getfixturevalue("redis").url, f"t{uuid.uuid4().hex}:"))
+    yield s
+    await s.close()
+
+
+async def test_key_lifecycle(store: KeyStore) -> None:
+    assert not await store.has_keys()
+    record, secret = new_record("team-a", KeyPolicy(rpm=5, models=("a",)))
+    await store.create(record)
+    assert await store.has_keys()
+    assert (await store.lookup(hash_secret(secret))) == record
+    with pytest.raises(KeyExists):
+        await store.create(new_record("team-a", KeyPolicy())[0])
+    new, new_secret = rotated(record)
+    assert await store.replace_secret("team-a", new.secret_hash) == new
+    assert await store.lookup(hash_secret(secret)) is None
+    assert (await store.lookup(hash_secret(new_secret))) == new
+    revoked = await store.revoke("team-a", 5.0)
+    assert revoked is not None and revoked.revoked_at == 5.0
+    assert await store.lookup(hash_secret(new_secret)) is None
+    assert await store.revoke("team-a", 6.0) is None and await store.replace_secret("team-a", "x") is None
+    assert not await store.has_keys()
+    assert [r.name for r in await store.list()] == ["team-a"]
+    await store.create(new_record("team-a", KeyPolicy())[0])  # a revoked name may be taken again
+
+
+def test_public_view_holds_no_secret_or_hash() -> None:
+    record, secret = new_record("t", KeyPolicy(role="admin"))
+    shown = repr(record.public())
+    assert secret not in shown and record.secret_hash not in shown
+    with pytest.raises(ValueError, match="key name"):
+        new_record("bad name", KeyPolicy())
+
+
+async def test_sqlite_file_is_private(tmp_path: Path) -> None:
+    store = SQLiteKeyStore(tmp_path / "new" / "keys.sqlite3")
+    await store.create(new_record("t", KeyPolicy())[0])
+    for path in (store.path, Path(f"{store.path}-wal")):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert stat.S_IMODE(store.path.parent.stat().st_mode) == 0o700
+    await store.close()
+
+
+async def test_usage_is_kept_while_the_store_is_down_and_spooled_at_shutdown(redis: RedisServer, tmp_path: Path) -> None:
+    prefix = f"t{uuid.uuid4().hex}:"
+    record, secret = new_record("u", KeyPolicy(rpm=100))
+    await (seed := RedisKeyStore(redis.url, prefix)).create(record)
+    await seed.close()
+    spool = tmp_path / "spool.jsonl"
+    tenancy = Tenancy(RedisKeyStore(redis.url, prefix, timeout_s=0.5), spool=spool)
+    ticket = await tenancy.reserve(record, "m", {"prompt": "abcd"})
+    redis.kill()
+    try:
+        ticket.record(3, 7)
+        await tenancy.settle(ticket, failed=False, engine_s=0.1)  # no exception: kept
+        assert tenancy.pending == 1
+        with pytest.raises(StoreUnavailable):
+            await tenancy.authenticate(secret.encode())
+        with pytest.raises(StoreUnavailable):
+            await tenancy.reserve(record, "m", {})
+        await tenancy.close()  # still down: spooled
+        assert spool.exists() and stat.S_IMODE(spool.stat().st_mode) == 0o600
+    finally:
+        redis.start()
+    again = Tenancy(RedisKeyStore(redis.url, prefix), spool=spool)
+    await again.start()
+    assert not spool.exists()
+    rows = await again.store.usage("u")
+    assert [(r["requests"], r["prompt_tokens"], r["completion_tokens"], r["engine_ms"]) for r in rows] == [(1, 3, 7, 100)]
+    await again.close()
+
+
+async def test_fail_open_admits_known_keys_without_limits(redis: RedisServer) -> None:
+    prefix = f"t{uuid.uuid4().hex}:"
+    record, secret = new_record("o", KeyPolicy(rpm=1))
+    tenancy = Tenancy(RedisKeyStore(redis.url, prefix, timeout_s=0.5), on_store_error="open")
+    await tenancy.store.create(record)
+    assert await tenancy.authenticate(secret.encode()) == record
+    redis.kill()
+    try:
+        assert await tenancy.authenticate(secret.encode()) == record  # last known
+        with pytest.raises(StoreUnavailable):
+            await tenancy.authenticate(b"never-seen")
+        ticket = await tenancy.reserve(record, "m", {})
+        assert ticket.decision is None  # admitted, unlimited
+    finally:
+        redis.start()
+    await tenancy.close()
+
+
+async def test_a_locked_sqlite_file_is_waited_for_off_the_event_loop(tmp_path: Path) -> None:
+    import asyncio
+    import sqlite3
+
+    from gateway.tenancy.limits import Limits
+
+    store = SQLiteKeyStore(tmp_path / "keys.sqlite3")
+    await store.create(new_record("t", KeyPolicy(rpm=5))[0])  # makes the file and the loop's connection
+    other = sqlite3.connect(store.path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    ticks = 0
+
+    async def ticking() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.create_task(ticking())
+    asyncio.get_running_loop().call_later(0.3, other.rollback)
+    decision = await store.reserve("t", Limits.of(KeyPolicy(rpm=5), 0.0), 1)
+    ticker.cancel()
+    assert decision.admitted and ticks >= 10  # the loop kept running while the reserve waited for the lock
+    other.close()
+    await store.close()
