@@ -30,6 +30,10 @@ class Capabilities:
     structured_output: bool = False
     n_choices: bool = False  # n > 1
     logprobs: bool = False
+    image_input: bool = False
+    """Takes image content parts (a vision model); refused with 400 before sending otherwise."""
+    audio_input: bool = False
+    """Takes audio content parts (input_audio)."""
 
     def supports(self, operation: Operation) -> bool:
         match operation:

@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from gateway.api.chat import check_chat
 from gateway.api.errors import APIError
+from gateway.api.modalities import check_modalities
 from gateway.api.protocol import ResponseFormat
 from gateway.api.response_store import ResponseStore, SQLiteResponseStore, StoredResponse, default_store_path
 from gateway.api.responses_translate import (
@@ -77,6 +78,7 @@ async def create_response(request: Request) -> Response:
     fmt = body.get("response_format")
     check_chat(backend, tools=body.get("tools"), response_format=ResponseFormat.model_validate(fmt) if fmt else None,
                names=NAMES)
+    check_modalities(backend, body["messages"], lambda _: "input")
     return await generate(request, backend, "chat", body, True, ResponsesDialect(ResponseShell(parsed), on_done))
 
 

@@ -24,6 +24,7 @@ from adapters.base import (
     StreamEvent,
     UnsupportedError,
 )
+from adapters.upstream_errors import stream_failure
 from gateway.api.disconnect import ClientGone, unless_disconnected
 from gateway.api.errors import CLIENT_CLOSED, APIError, error_payload, error_response
 from gateway.drain import SHUTTING_DOWN, Drain
@@ -320,7 +321,7 @@ async def _sse(
                     usage = event.usage
                 if event.is_error:
                     m.errors.labels(backend.model_id, "engine_stream").inc()
-                    failure = EngineError("the engine's stream ended with an error", 502)
+                    failure = stream_failure(event.data)
                 out = writer.event(event)
                 if out:
                     yield out
