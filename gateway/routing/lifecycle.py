@@ -117,6 +117,9 @@ class ModelLifecycle:
     in_flight: int = 0
     wanting: int = 0
     draining: bool = False
+    """Admits nothing new while another model waits for its memory (cleared when none waits any more)."""
+    unload_asked: bool = False
+    """An unload (admin) waits for the running requests: admits nothing new until it is done or gave up."""
     last_used: float = 0.0
     loaded_at: float | None = None
     failed_at: float | None = None
@@ -217,7 +220,7 @@ class Lifecycles:
             while True:
                 if lc.state is State.LOADED and lc.draining and not self._memory_wanted(lc):
                     lc.draining = False  # whoever needed its memory gave up or was served elsewhere
-                if lc.state is State.LOADED and not lc.draining:
+                if lc.state is State.LOADED and not lc.draining and not lc.unload_asked:
                     lc.in_flight += 1
                     lc.admitted += 1
                     lc.last_used = time.monotonic()
@@ -402,16 +405,19 @@ class Lifecycles:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.load_timeout
-        while lc.state is State.LOADING or (lc.state is State.LOADED and lc.in_flight > 0):
-            lc.draining = True
-            left = deadline - loop.time()
-            if left <= 0:
-                lc.draining = False
-                raise ModelUnavailable(f"model {lc.name!r} still has {lc.in_flight} request(s) running", 5.0,
-                                       "model_busy")
-            await self._wait_changed(left)
-        if lc.state is State.LOADED:
-            await self._stop(lc, why)
+        lc.unload_asked = True  # requests that arrive now wait for the unload (then load it again)
+        try:
+            while lc.state is State.LOADING or (lc.state is State.LOADED and lc.in_flight > 0):
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise ModelUnavailable(f"model {lc.name!r} still has {lc.in_flight} request(s) running "
+                                           f"after {self.load_timeout:g} s (load_timeout_seconds)", 5.0, "model_busy")
+                await self._wait_changed(left)
+            if lc.state is State.LOADED:
+                await self._stop(lc, why)
+        finally:
+            lc.unload_asked = False
+            self._notify()  # the requests that waited for the unload go on (and load the model again)
 
     async def preload(self) -> list[str]:
         """Load the preload models in order; returns the names that failed."""

@@ -111,3 +111,20 @@ async def test_a_draining_model_admits_again_once_nobody_waits_for_its_memory() 
     release_a()
     release_again()
     assert not a.draining
+
+
+async def test_an_unload_under_steady_traffic_admits_nothing_new_and_unloads_once_the_running_ones_end() -> None:
+    lcs, events = lifecycles(16, "b")
+    b = lcs.models["b"]
+    await lcs.load(b)
+    running = await lcs.acquire(b)
+    unloading = asyncio.create_task(lcs.unload(b))
+    await settle()
+    newcomer = asyncio.create_task(lcs.acquire(b))  # no other model wants memory: it must wait all the same
+    await settle()
+    assert not newcomer.done() and not unloading.done() and b.in_flight == 1
+    running()
+    await asyncio.wait_for(unloading, 5)
+    assert "evict b (admin)" in events.log
+    (await asyncio.wait_for(newcomer, 5))()  # then it is served: the model loads again on demand
+    assert events.log.count("load b") == 2 and not b.unload_asked
