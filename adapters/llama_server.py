@@ -167,6 +167,8 @@ class LlamaServerAdapter(ServerAdapter):
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info["embedder"] = self._embedder.state.value if self._embedder is not None else "not started"
+        if self.options.get("context_length"):  # the model's own limit, which the gateway checks requests against
+            info["context_length"] = int(self.options["context_length"])
         return info
 
 

@@ -47,6 +47,13 @@ def refuses_input(status: int, message: str) -> bool:
     return status in (500, 502) and INPUT_REFUSED.search(message) is not None
 
 
+_TOO_LONG = re.compile(r"is too large to process|exceeds? the (available )?context", re.IGNORECASE)
+
+
+def _input_code(message: str) -> str | None:
+    return "context_length_exceeded" if _TOO_LONG.search(message) else None
+
+
 def error_type(status: int) -> str:
     """OpenAI's error `type` for an HTTP status: the one table, for the gateway's errors and relayed ones."""
     return _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
@@ -126,7 +133,8 @@ def error_exception(status: int, raw: bytes | str | dict[str, Any] | None, engin
     if 400 <= status < 500 and status != 499:
         return ClientRequestError(message, status, err["param"], code)
     if refuses_input(status, message):
-        return ClientRequestError(f"{engine} cannot take this request: {message}", 400, err["param"], code)
+        return ClientRequestError(f"{engine} cannot take this request: {message}", 400, err["param"],
+                                  code or _input_code(message))
     return EngineError(f"{engine} error {status}: {message}", 502, code)
 
 
@@ -138,7 +146,7 @@ def stream_failure(data: bytes) -> Exception:
         err = {"message": ""}
     message = str(err.get("message") or "")
     if refuses_input(500, message):
-        return ClientRequestError(message, 400, err.get("param"), None)
+        return ClientRequestError(message, 400, err.get("param"), _input_code(message))
     return EngineError("the engine's stream ended with an error", 502)
 
 

@@ -3,8 +3,10 @@ GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import orjson
@@ -15,7 +17,13 @@ from gateway.api.chat import check_chat
 from gateway.api.errors import APIError
 from gateway.api.modalities import check_modalities
 from gateway.api.protocol import ResponseFormat
-from gateway.api.response_store import ResponseStore, SQLiteResponseStore, StoredResponse, default_store_path
+from gateway.api.response_store import (
+    ResponseStore,
+    SQLiteResponseStore,
+    StoredResponse,
+    StoreUnavailable,
+    default_store_path,
+)
 from gateway.api.responses_translate import (
     NativeResponsesDialect,
     ResponsesDialect,
@@ -35,11 +43,21 @@ NAMES = {"tools": "tools", "response_format": "text.format"}
 
 def build_store(settings: Settings) -> ResponseStore:
     cfg = settings.response_store
-    return SQLiteResponseStore(cfg.path or default_store_path(), cfg.max_age_seconds, cfg.max_count)
+    return SQLiteResponseStore(cfg.path or default_store_path(), cfg.max_age_seconds, cfg.max_count,
+                               own_folder=cfg.path is None)
 
 
 def _store(request: Request) -> ResponseStore:
     return request.app.state.response_store  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def _usable_store() -> Iterator[None]:
+    """A store that cannot be used (its disk gone) answers 503 naming it, never 500."""
+    try:
+        yield
+    except StoreUnavailable as exc:
+        raise APIError(503, str(exc), code="store_unavailable") from exc
 
 
 def _not_found(response_id: str) -> APIError:
@@ -52,7 +70,8 @@ async def create_response(request: Request) -> Response:
     store = _store(request)
     history: list[dict[str, Any]] = []
     if parsed.previous_response_id is not None:
-        previous = await store.get(parsed.previous_response_id)
+        with _usable_store():
+            previous = await store.get(parsed.previous_response_id)
         if previous is None:
             raise APIError(400, f"Previous response with id '{parsed.previous_response_id}' not found.",
                            param="previous_response_id", code="previous_response_not_found")
@@ -84,7 +103,8 @@ async def create_response(request: Request) -> Response:
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(request: Request, response_id: str) -> Response:
-    record = await _store(request).get(response_id)
+    with _usable_store():
+        record = await _store(request).get(response_id)
     if record is None:
         raise _not_found(response_id)
     return Response(orjson.dumps(record.response), media_type="application/json")
@@ -92,7 +112,9 @@ async def get_response(request: Request, response_id: str) -> Response:
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
-    if not await _store(request).delete(response_id):
+    with _usable_store():
+        deleted = await _store(request).delete(response_id)
+    if not deleted:
         raise _not_found(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
@@ -105,7 +127,8 @@ async def list_input_items(
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
 ) -> dict[str, Any]:
-    record = await _store(request).get(response_id)
+    with _usable_store():
+        record = await _store(request).get(response_id)
     if record is None:
         raise _not_found(response_id)
     items = record.input_items if order == "asc" else list(reversed(record.input_items))

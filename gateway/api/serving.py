@@ -27,6 +27,7 @@ from adapters.base import (
 from adapters.upstream_errors import stream_failure
 from gateway.api.disconnect import ClientGone, unless_disconnected
 from gateway.api.errors import CLIENT_CLOSED, APIError, error_payload, error_response
+from gateway.api.validate import check_output_limits
 from gateway.drain import SHUTTING_DOWN, Drain
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.api.fanout import Call
@@ -209,6 +210,7 @@ async def generate(
     call: Callable[[Adapter], Call] | None = None,
 ) -> Response:
     """`call(adapter)` replaces the adapter's operation (fan-out for n > 1); admission and metrics stay the same."""
+    check_output_limits(body, backend.adapter.describe())
     arrived = time.perf_counter()
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
