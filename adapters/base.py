@@ -200,6 +200,10 @@ class Adapter(abc.ABC):
         """The engine's own /v1/responses (capabilities.responses), stateless: the gateway keeps the state."""
         raise UnsupportedError(f"{self.engine} does not serve the Responses API natively")
 
+    def gave_up(self) -> str | None:
+        """Why the engine stopped serving for good (its supervisor gave up on a crash loop), or None."""
+        return None
+
     def ready_now(self) -> bool | None:
         """Whether the engine serves now, known without I/O (a supervised process's state); None: unknown."""
         return None

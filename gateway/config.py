@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -135,6 +136,15 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     api_keys: tuple[str, ...] = ()
     """When set, every /v1 route requires `Authorization: Bearer <one of these>`."""
+
+    @field_validator("api_keys")
+    @classmethod
+    def _no_blank_key(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        for i, key in enumerate(keys):
+            if not key.strip():
+                raise ValueError(f"api_keys[{i}] is empty: no client can send an empty key, so every request "
+                                 "would be refused; remove it or set a key")
+        return keys
     metrics_api_key: str | None = None
     """When set, /metrics requires `Authorization: Bearer <this key>` (Prometheus: `authorization.credentials`)."""
     epp_metrics: bool = True
@@ -199,4 +209,18 @@ def load_settings(
         init["config_file"] = Path(config_file)
     if model is not None:
         init["models"] = (ModelConfig(source=model),)
-    return Settings(**init)
+    try:
+        return Settings(**init)
+    except yaml.YAMLError as exc:
+        raise ConfigSyntaxError(_yaml_error(exc, config_file or os.environ.get(CONFIG_ENV))) from None
+
+
+class ConfigSyntaxError(ValueError):
+    """The YAML config file cannot be parsed: one line naming the file, line and column."""
+
+
+def _yaml_error(exc: yaml.YAMLError, path: Path | str | None) -> str:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{where}: YAML syntax error: {problem}"

@@ -33,7 +33,7 @@ from gateway.api.responses_translate import (
     native_body,
     to_chat,
 )
-from gateway.api.serving import generate, parse_body, resolve_backend
+from gateway.api.serving import echoed, generate, parse_body, resolve_backend
 from gateway.config import Settings
 
 log = logging.getLogger("enginegate.responses")
@@ -61,7 +61,7 @@ def _usable_store() -> Iterator[None]:
 
 
 def _not_found(response_id: str) -> APIError:
-    return APIError(404, f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
+    return APIError(404, f"Response with id '{echoed(response_id)}' not found.", param="response_id", code="not_found")
 
 
 @router.post("/v1/responses")
@@ -73,7 +73,7 @@ async def create_response(request: Request) -> Response:
         with _usable_store():
             previous = await store.get(parsed.previous_response_id)
         if previous is None:
-            raise APIError(400, f"Previous response with id '{parsed.previous_response_id}' not found.",
+            raise APIError(400, f"Previous response with id '{echoed(parsed.previous_response_id)}' not found.",
                            param="previous_response_id", code="previous_response_not_found")
         history = previous.history
     items = input_items(parsed)
@@ -135,7 +135,7 @@ async def list_input_items(
     if after is not None:
         ids = [item.get("id") for item in items]
         if after not in ids:
-            raise APIError(400, f"no input item `{after}` in response {response_id}", param="after")
+            raise APIError(400, f"no input item `{echoed(after)}` in response {echoed(response_id)}", param="after")
         items = items[ids.index(after) + 1:]
     page = items[:limit]
     return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,

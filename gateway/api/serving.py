@@ -139,9 +139,14 @@ MAX_ECHOED_NAME = 64
 MAX_LISTED_MODELS = 20
 
 
+def echoed(text: str) -> str:
+    """A client's name or id as an error message repeats it: at most 64 characters of it."""
+    return text if len(text) <= MAX_ECHOED_NAME else text[:MAX_ECHOED_NAME] + "..."
+
+
 def model_not_found(request: Request, name: str) -> APIError:
     """404 naming (at most 64 characters of) the unknown model and the models served here."""
-    shown = name if len(name) <= MAX_ECHOED_NAME else name[:MAX_ECHOED_NAME] + "..."
+    shown = echoed(name)
     served = [b.model_id for b in runtime(request).models]
     listed = ", ".join(served[:MAX_LISTED_MODELS]) + (", ..." if len(served) > MAX_LISTED_MODELS else "")
     return APIError(404, f"The model `{shown}` does not exist; served here: {listed or 'none'}",
