@@ -443,7 +443,7 @@ class Lifecycles:
                     await self.load(lc)
                 except ModelUnavailable as exc:
                     failed.append(f"{lc.name}: {exc.reason}")
-        self._ttl_task = asyncio.ensure_future(self._ttl_loop())
+        self._ttl_task = asyncio.ensure_future(self._watch_loop())
         return failed
 
     async def stop(self) -> None:
@@ -456,7 +456,7 @@ class Lifecycles:
         for lc in self:
             lc.state = State.UNLOADED
 
-    async def _ttl_loop(self) -> None:
+    async def _watch_loop(self) -> None:
         while True:
             await asyncio.sleep(TTL_CHECK_SECONDS)
             now = time.monotonic()

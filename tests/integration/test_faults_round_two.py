@@ -179,26 +179,46 @@ def test_stored_conversations_are_private_and_the_summary_says_where(replicated:
 
 async def test_an_unload_under_steady_traffic_drains_then_unloads(replicated: RunningGateway) -> None:
     """Issue 21 item 3: with two clients back to back the unload answered 503 model_busy after
-    load_timeout_seconds and requests kept being admitted. (Last in the module: the model reloads.)"""
+    load_timeout_seconds and requests kept being admitted. Here a long stream runs when the unload is
+    asked: nothing sent after that may be served before the unload is done. (Last in the module: the
+    model loads again.)"""
+    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    answers: list[int] = []
+    answers: list[tuple[float, float, int]] = []  # sent, answered, status
 
     async def client(http: httpx.AsyncClient) -> None:
         while not stop.is_set():
-            answers.append((await http.post("/v1/chat/completions", json=chat("Count to ten.", max_tokens=8))).status_code)
+            sent = loop.time()
+            status = (await http.post("/v1/chat/completions", json=chat("Count to ten.", max_tokens=4))).status_code
+            answers.append((sent, loop.time(), status))
+
+    async def long_stream(http: httpx.AsyncClient, started: asyncio.Event) -> int:
+        body = chat("Tell a long story.", max_tokens=160, stream=True, ignore_eos=True)
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            lines = 0
+            async for line in response.aiter_lines():
+                lines += line.startswith("data: ")
+                started.set()
+            return lines
 
     async with httpx.AsyncClient(base_url=replicated.url, timeout=180) as http:
         clients = [asyncio.create_task(client(http)) for _ in range(2)]
-        while len(answers) < 4:
-            await asyncio.sleep(0.05)
+        started = asyncio.Event()
+        stream = asyncio.create_task(long_stream(http, started))
+        await started.wait()
+        asked = loop.time()
         unload = await http.post(f"/admin/models/{MODEL}/unload")
+        unloaded = loop.time()
         stop.set()
         await asyncio.gather(*clients)
+        streamed = await stream
         status = (await http.get(f"/v1/models/{MODEL}")).json()["status"]
-    assert unload.status_code == 200, unload.text
-    assert unload.json()["state"] == "unloaded"
-    assert set(answers) == {200}, answers  # the requests that waited were served after the reload
-    assert status["state"] == "loaded", status  # loaded again by the requests that waited
+    assert unload.status_code == 200 and unload.json()["state"] == "unloaded", unload.text
+    assert streamed > 100  # the running stream finished before the unload
+    admitted_meanwhile = [a for a in answers if asked < a[0] and a[1] < unloaded]
+    assert admitted_meanwhile == [], f"{len(admitted_meanwhile)} requests admitted after the unload was asked"
+    assert {a[2] for a in answers} == {200}, answers  # the requests that waited were served after the reload
+    assert status["state"] == "loaded", status
     assert f"model {MODEL} unloaded (admin)" in replicated.log()
 
 
