@@ -30,6 +30,10 @@ class Capabilities:
     structured_output: bool = False
     n_choices: bool = False  # n > 1
     logprobs: bool = False
+    image_input: bool = False
+    """Takes image content parts (a vision model); refused with 400 before sending otherwise."""
+    audio_input: bool = False
+    """Takes audio content parts (input_audio)."""
 
     def supports(self, operation: Operation) -> bool:
         match operation:
@@ -195,6 +199,10 @@ class Adapter(abc.ABC):
     async def responses(self, body: dict[str, Any], ctx: RequestContext) -> ChatResult:
         """The engine's own /v1/responses (capabilities.responses), stateless: the gateway keeps the state."""
         raise UnsupportedError(f"{self.engine} does not serve the Responses API natively")
+
+    def gave_up(self) -> str | None:
+        """Why the engine stopped serving for good (its supervisor gave up on a crash loop), or None."""
+        return None
 
     def ready_now(self) -> bool | None:
         """Whether the engine serves now, known without I/O (a supervised process's state); None: unknown."""

@@ -193,7 +193,8 @@ class DynamoAdapter(EngineServer):
 SPEC = EngineSpec(
     name="dynamo",
     adapter=DynamoAdapter,
-    capabilities=Capabilities(chat=True, completions=True, embeddings=False, tools=True, structured_output=True),
+    capabilities=Capabilities(chat=True, completions=True, embeddings=False, tools=True, structured_output=True,
+                              image_input=True, audio_input=True),
     accelerators=("nvidia",),
     formats=("bf16", "fp16", "fp8", "awq", "gptq", "compressed-tensors", "bnb", "nvfp4", "mxfp4"),
     min_compute_capability=8.0,

@@ -44,6 +44,10 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("request_timeout", GATEWAY, (408,), "The request headers (`header_timeout_seconds`) or the body "
               "(`body_timeout_seconds`) did not arrive in time; the connection is closed."),
     ErrorCode("context_length_exceeded", OPENAI, (400,), "The prompt's tokens do not fit the model's context."),
+    ErrorCode("integer_above_max_value", OPENAI, (400,), "`max_tokens` (or `max_completion_tokens`, "
+              "`max_output_tokens`) above 2^31-1."),
+    ErrorCode("unsupported_content", GATEWAY, (400,), "Image or audio content for an engine that cannot take it "
+              "(refused before it is sent, so it never counts against the engine)."),
     ErrorCode("invalid_token_id", GATEWAY, (400,), "A token id in `prompt`/`input` lies outside the model's vocabulary."),
     ErrorCode("unsupported_parameter", OPENAI, (400,), "A field this engine cannot honour (e.g. `logprobs` on an "
               "in-process engine); `param` names it."),
@@ -64,7 +68,7 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("insufficient_quota", OPENAI, (429,), "The key's token budget for its period is spent (`x-should-retry: "
               "false`: it renews when the period ends)."),
     ErrorCode("store_unavailable", GATEWAY, (503,), "The key store (SQLite file or Redis) is unreachable and "
-              "`tenancy.on_store_error` is `closed`."),
+              "`tenancy.on_store_error` is `closed`; or the response store was lost after start-up."),
     ErrorCode("shutting_down", GATEWAY, (503,), "The gateway is draining after SIGTERM; also the final stream event of a "
               "stream cut at the end of `shutdown_grace_seconds`."),
     ErrorCode("model_unavailable", GATEWAY, (503,), "The model cannot serve now, for a reason without a code of its own."),

@@ -135,7 +135,7 @@ EXLLAMAV3 = EngineSpec(
     name="exllamav3",
     adapter=TabbyAdapter,
     capabilities=Capabilities(chat=True, completions=True, embeddings=False, tools=True, structured_output=True,
-                              logprobs=True),
+                              logprobs=True, image_input=True),
     accelerators=("nvidia",),
     formats=("exl3", "exl2", "gptq"),
     min_compute_capability=8.0,  # Ampere or newer

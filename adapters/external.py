@@ -129,7 +129,7 @@ SPEC = EngineSpec(
     name="openai",
     adapter=ExternalAdapter,
     capabilities=Capabilities(
-        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True,
+        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True, image_input=True, audio_input=True,
     ),
     local_weights=False,  # nothing to resolve or plan: the model lives upstream
     default_concurrency=64,  # the engine batches and queues on its own

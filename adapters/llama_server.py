@@ -9,6 +9,7 @@ server to embeddings), started on the first embeddings request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -25,6 +26,8 @@ from adapters.server import ROUTES, ServerAdapter
 from adapters.spec import EngineSpec, Layout, ServerSpec
 
 BINARY = "llama-server"
+MMPROJ_FLAGS = frozenset({"--mmproj", "-mm", "--mmproj-url", "-mmu", "-hf", "--hf-repo"})
+"""llama-server reads images and audio only with a multimodal projector (-hf may fetch one)."""
 KV_CACHE_TYPES = frozenset({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
 
 
@@ -83,6 +86,15 @@ def launch_env(endpoint: Endpoint) -> dict[str, str]:
     return {"LLAMA_API_KEY": endpoint.api_key} if endpoint.api_key else {}
 
 
+def multimodal(options: Mapping[str, Any]) -> bool:
+    """Whether this launch gives llama-server a multimodal projector (`--mmproj` in `options.extra_args`)."""
+    try:
+        words = strings(options, "extra_args")
+    except LaunchConfigError:
+        return False  # the launch itself reports it
+    return any(w.split("=", 1)[0] in MMPROJ_FLAGS for w in words)
+
+
 def missing_binary(spec: EngineSpec, options: Mapping[str, Any]) -> str | None:
     if find_llama_server(options.get("binary")) is not None:
         return None
@@ -95,6 +107,8 @@ class LlamaServerAdapter(ServerAdapter):
         super().__init__(config, spec)
         self._embedder: ManagedProcess | None = None
         self._embedder_lock = asyncio.Lock()
+        if not multimodal(self.options):  # text only: images and audio are refused before they are sent
+            self.capabilities = dataclasses.replace(self.capabilities, image_input=False, audio_input=False)
 
     def _binary(self) -> Path:
         binary = find_llama_server(self.options.get("binary"))
@@ -171,6 +185,8 @@ class LlamaServerAdapter(ServerAdapter):
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info["embedder"] = self._embedder.state.value if self._embedder is not None else "not started"
+        if self.options.get("context_length"):  # the model's own limit, which the gateway checks requests against
+            info["context_length"] = int(self.options["context_length"])
         return info
 
 
@@ -188,6 +204,7 @@ SPEC = EngineSpec(
     adapter=LlamaServerAdapter,
     capabilities=Capabilities(
         chat=True, completions=True, embeddings=True, tools=True, structured_output=True, logprobs=True,
+        image_input=True, audio_input=True,  # with a projector (--mmproj in extra_args); text only without one
     ),
     install_hint="enginegate engines install llama-server",
     missing=missing_binary,

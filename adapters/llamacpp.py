@@ -376,10 +376,15 @@ class LlamaCppAdapter(Adapter):
         """A text the tokenizer turns into no token at all (control characters alone, for SmolLM2)
         would make llama_decode fail: it is the client's input, so it is refused as such."""
         texts = [inputs] if isinstance(inputs, str) else inputs
+        context = self._embedder.n_ctx()
         for i, text in enumerate(texts):
-            if not self._embedder.tokenize(text.encode("utf-8", "ignore"), add_bos=False, special=False):
-                where = "input" if isinstance(inputs, str) else f"input[{i}]"
+            tokens = self._embedder.tokenize(text.encode("utf-8", "ignore"), add_bos=False, special=False)
+            where = "input" if isinstance(inputs, str) else f"input[{i}]"
+            if not tokens:
                 raise ClientRequestError(f"{where} has no token for this model's tokenizer", param="input")
+            if len(tokens) >= context:
+                raise ClientRequestError(f"{where}: {len(tokens)} tokens do not fit the model's context of {context} tokens",
+                                         param="input", code="context_length_exceeded")
         return self._embedder.create_embedding(inputs)
 
     # -- execution -------------------------------------------------------------------------

@@ -148,6 +148,9 @@ class ServerAdapter(Adapter):
     def ready_now(self) -> bool | None:
         return self.process.state is ProcessState.READY
 
+    def gave_up(self) -> str | None:
+        return (self.process.detail or "failed") if self.process.state is ProcessState.FAILED else None
+
     async def health(self) -> Health:
         state = self.process.state
         detail = state.value + (f": {self.process.detail}" if self.process.detail else "")

@@ -63,7 +63,7 @@ SPEC = EngineSpec(
     name="sglang",
     adapter=EngineServer,
     capabilities=Capabilities(
-        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True,
+        chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True, image_input=True, audio_input=True,
     ),
     accelerators=("nvidia", "amd"),
     formats=("bf16", "fp16", "fp8", "awq", "gptq", "compressed-tensors", "bnb", "nvfp4", "mxfp4"),

@@ -82,7 +82,7 @@ SPEC = EngineSpec(
     adapter=EngineServer,
     capabilities=Capabilities(
         chat=True, completions=True, embeddings=False, responses=True, tools=True, structured_output=True,
-        n_choices=True, logprobs=True,
+        n_choices=True, logprobs=True, image_input=True, audio_input=True,
     ),
     accelerators=("nvidia",),
     formats=("bf16", "fp16", "fp8", "awq", "gptq", "nvfp4", "mxfp4"),

@@ -32,6 +32,32 @@ _CONTEXT_TYPES = frozenset({"exceed_context_size_error"})
 _CONTEXT_MESSAGE = re.compile(r"context (length|size|window)|maximum context|max_model_len|max_seq_len", re.IGNORECASE)
 
 
+INPUT_REFUSED = re.compile(
+    r"(image|audio|video|multimodal|media|file)\b.*\b(not supported|does not support)"
+    r"|not supported by this model|is too large to process|exceeds? the (available )?context"
+    r"|\binvalid (base64|image|audio|url|value|argument|param|json|request|grammar|schema)"
+    r"|failed to (load|decode|download|parse) (the )?(image|audio|file|grammar|json schema)"
+    r"|unsupported param|must not be empty|\bis required\b|must be (a|an) |cannot use both|only no echo",
+    re.IGNORECASE,
+)
+"""An engine's 5xx that says the client's input was at fault (llama-server answers these 500, from
+the `std::runtime_error`s it throws on a request it cannot take): the client's error, never the engine's."""
+
+
+def refuses_input(status: int, message: str) -> bool:
+    """An engine error that is the client's input refused (a 5xx saying so, or 501 not supported), not a failure."""
+    if status == 501:
+        return True
+    return status in (500, 502) and INPUT_REFUSED.search(message) is not None
+
+
+_TOO_LONG = re.compile(r"is too large to process|exceeds? the (available )?context", re.IGNORECASE)
+
+
+def _input_code(message: str) -> str | None:
+    return "context_length_exceeded" if _TOO_LONG.search(message) else None
+
+
 def error_type(status: int) -> str:
     """OpenAI's error `type` for an HTTP status: the one table, for the gateway's errors and relayed ones."""
     return _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
@@ -112,7 +138,22 @@ def error_exception(status: int, raw: bytes | str | dict[str, Any] | None, engin
         return EngineError(f"{engine} is unavailable: {message}", 503, code or "engine_unavailable")
     if 400 <= status < 500 and status != 499:
         return ClientRequestError(message, status, err["param"], code)
+    if refuses_input(status, message):
+        return ClientRequestError(f"{engine} cannot take this request: {message}", 400, err["param"],
+                                  code or _input_code(message))
     return EngineError(f"{engine} error {status}: {message}", 502, code)
+
+
+def stream_failure(data: bytes) -> Exception:
+    """What an error event in an engine's stream counts as: the client's input refused, else the engine's failure."""
+    try:
+        err = normalise_error(500, data)["error"]
+    except Exception:  # noqa: BLE001 - unreadable: the engine's failure
+        err = {"message": ""}
+    message = str(err.get("message") or "")
+    if refuses_input(500, message):
+        return ClientRequestError(message, 400, err.get("param"), _input_code(message))
+    return EngineError("the engine's stream ended with an error", 502)
 
 
 def error_event(message: str, code: str, etype: str = "server_error") -> StreamEvent:

@@ -77,7 +77,7 @@ SPEC = EngineSpec(
     adapter=EngineServer,
     capabilities=Capabilities(
         chat=True, completions=True, embeddings=True, responses=True, tools=True, structured_output=True,
-        n_choices=True, logprobs=True,
+        n_choices=True, logprobs=True, image_input=True, audio_input=True,
     ),
     accelerators=("nvidia", "amd", "none"),
     formats=("bf16", "fp16", "fp8", "awq", "gptq", "compressed-tensors", "bnb", "nvfp4", "mxfp4"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 
@@ -25,6 +26,7 @@ from gateway.api import (
     status,
 )
 from gateway.api.errors import install_error_handlers
+from gateway.api.response_store import StoreUnavailable
 from gateway.api.openapi import install_openapi
 from gateway.config import Settings
 from gateway.drain import Drain, DrainMiddleware
@@ -71,6 +73,12 @@ def _lifespan(app: FastAPI, settings: Settings, runtime: Runtime | None) -> ASGI
 
     async def lifespan(scope: Scope, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
+        try:
+            await asyncio.to_thread(app.state.response_store.check)
+        except StoreUnavailable as exc:  # before any engine starts: one line naming the path
+            app.state.startup_error = str(exc)
+            await send({"type": "lifespan.startup.failed", "message": f"enginegate: cannot start: {exc}"})
+            return
         rt = runtime or Runtime.build(settings)
         app.state.runtime = rt
         rt.lifecycles.observer = app.state.metrics
@@ -85,7 +93,8 @@ def _lifespan(app: FastAPI, settings: Settings, runtime: Runtime | None) -> ASGI
             await rt.stop()
             raise
         await app.state.tenancy.start()
-        print(rt.summary(settings.host, settings.port), file=sys.stderr, flush=True)
+        print(rt.summary(settings.host, settings.port, store=app.state.response_store.describe()),
+              file=sys.stderr, flush=True)
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
         try:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
@@ -190,10 +191,20 @@ class Settings(BaseSettings):
     """The served models; the default is the embedded SmolLM2-135M-Instruct."""
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """Request bodies larger than this get 413."""
-    api_keys: tuple[Annotated[str, Field(min_length=1)] | StaticKey, ...] = ()
+    api_keys: tuple[str | StaticKey, ...] = ()
     """Keys in the config file: a plain string is a key with role `user` and no limits; a mapping has every
     key field (role, models, rpm, tpm, max_concurrency, budget_tokens, ...). Any key (here or in the
     key store) makes /v1 require one, and /admin an admin key (docs/keys.md)."""
+
+    @field_validator("api_keys")
+    @classmethod
+    def _no_blank_key(cls, keys: tuple[str | StaticKey, ...]) -> tuple[str | StaticKey, ...]:
+        for i, key in enumerate(keys):
+            if not (key if isinstance(key, str) else key.key).strip():
+                raise ValueError(f"api_keys[{i}] is empty: no client can send an empty key, so every request "
+                                 "would be refused; remove it or set a key")
+        return keys
+
     tenancy: TenancyConfig = TenancyConfig()
     """Where keys, limits and usage live."""
     metrics_api_key: str | None = None
@@ -264,4 +275,18 @@ def load_settings(
         init["config_file"] = Path(config_file)
     if model is not None:
         init["models"] = (ModelConfig(source=model),)
-    return Settings(**init)
+    try:
+        return Settings(**init)
+    except yaml.YAMLError as exc:
+        raise ConfigSyntaxError(_yaml_error(exc, config_file or os.environ.get(CONFIG_ENV))) from None
+
+
+class ConfigSyntaxError(ValueError):
+    """The YAML config file cannot be parsed: one line naming the file, line and column."""
+
+
+def _yaml_error(exc: yaml.YAMLError, path: Path | str | None) -> str:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{where}: YAML syntax error: {problem}"

@@ -114,7 +114,7 @@ class Runtime:
         self.started = False
         await self.lifecycles.stop()
 
-    def summary(self, host: str, port: int) -> str:
+    def summary(self, host: str, port: int, store: str | None = None) -> str:
         lines = ["enginegate"]
         if self.snapshot is not None:
             lines.append(f"  host:   {self.snapshot.summary()}")
@@ -132,6 +132,8 @@ class Runtime:
                 lines.append(f"  note:   {warning}")
             if b.lifecycle is not None:
                 lines.append(f"  load:   {_load_line(b.lifecycle)}")
+        if store is not None:
+            lines.append(f"  store:  stored responses in {store}")
         lines.append(f"  listen: http://{host}:{port}/v1  (OpenAI-compatible; metrics at /metrics)")
         return "\n".join(lines)
 

@@ -7,6 +7,7 @@ from starlette.responses import Response
 
 from gateway.api.errors import APIError
 from gateway.api.fanout import n_choices
+from gateway.api.modalities import check_modalities
 from gateway.api.protocol import ChatCompletionRequest, ResponseFormat, engine_body
 from gateway.api.serving import generate, parse_body, require, resolve_backend
 from gateway.routing import Backend
@@ -40,6 +41,7 @@ async def chat_completions(request: Request) -> Response:
     parsed, body = await parse_body(request, ChatCompletionRequest)
     backend = resolve_backend(request, parsed.model, "chat")
     check_chat(backend, tools=parsed.tools, response_format=parsed.response_format)
+    check_modalities(backend, body["messages"], lambda i: f"messages.{i}.content")
     require(backend, body)
     n = parsed.n or 1
     fan_out = (lambda adapter: n_choices(adapter.chat, n)) if n > 1 and not backend.adapter.capabilities.n_choices else None

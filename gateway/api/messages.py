@@ -16,6 +16,7 @@ from gateway.api.messages_translate import (
     error_body,
     to_chat,
 )
+from gateway.api.modalities import check_modalities
 from gateway.api.protocol import ResponseFormat
 from gateway.api.serving import generate, parse_body, resolve_backend
 
@@ -32,6 +33,7 @@ async def messages(request: Request) -> Response:
     fmt = body.get("response_format")
     check_chat(backend, tools=body.get("tools"), response_format=ResponseFormat.model_validate(fmt) if fmt else None,
                names=NAMES)
+    check_modalities(backend, body["messages"], lambda _: "messages")
     return await generate(request, backend, "chat", body, True, MessagesDialect(parsed.model))
 
 
@@ -42,6 +44,7 @@ async def count_tokens(request: Request) -> Response:
     body.pop("tool_choice", None)  # a forced tool would add a grammar, not prompt tokens
     backend = resolve_backend(request, parsed.model, "chat")
     check_chat(backend, tools=body.get("tools"), response_format=None, names=NAMES)
+    check_modalities(backend, body["messages"], lambda _: "messages")
     return await generate(request, backend, "chat", body, False, CountTokensDialect())
 
 

@@ -28,7 +28,7 @@ def _status(backend: Backend) -> dict[str, Any]:
     """The model's lifecycle: state (loaded, loading, unloaded, unloading, failed with reason), footprint, pin."""
     assert backend.lifecycle is not None
     view = backend.lifecycle.view()
-    return {k: view[k] for k in ("state", "reason", "engine", "pinned", "preload", "ttl_seconds", "footprint",
+    return {k: view[k] for k in ("state", "reason", "engine", "engine_reason", "pinned", "preload", "ttl_seconds", "footprint",
                                  "load_seconds", "fallbacks") if k in view}
 
 

@@ -5,6 +5,11 @@ when several gateways share state. Each record keeps the conversation's full ite
 earlier input and output, in order), so a continuation reads one row and survives the retention
 pruning of the responses before it.
 
+Privacy: stored conversations are the users' own words, so the file (and SQLite's -wal and -shm
+beside it, which take the file's mode) is created 0600 and a folder the store creates 0700; the
+default folder is the gateway's own and is tightened to 0700 when it exists. A path that cannot be
+used fails start-up (`check()`), and a store lost later answers 503 (`StoreUnavailable`), never 500.
+
 Concurrency: every SQLite call runs in a worker thread on its own short-lived connection (WAL,
 busy timeout), never on the event loop; SQLite's own locking makes concurrent tasks, and several
 gateway processes on one file, safe.
@@ -48,7 +53,19 @@ class StoredResponse:
     """Every item of the conversation up to and including this response's output."""
 
 
+class StoreUnavailable(Exception):
+    """The store cannot be read or written (its path is unusable, the disk is gone): the message names the path."""
+
+
 class ResponseStore(Protocol):
+    def describe(self) -> str:
+        """Where the records live, for the start-up summary."""
+        ...
+
+    def check(self) -> None:
+        """Raise StoreUnavailable unless the store can be used (run once at start-up)."""
+        ...
+
     async def put(self, record: StoredResponse) -> None: ...
 
     async def get(self, response_id: str) -> StoredResponse | None: ...
@@ -61,26 +78,65 @@ def default_store_path() -> Path:
     return Path(base) / "enginegate" / "responses.sqlite3"
 
 
-class SQLiteResponseStore:
-    """The embedded store; the file and its folder are made on first use."""
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
 
-    def __init__(self, path: Path, max_age_s: float, max_count: int) -> None:
+
+def _private_file(path: Path) -> None:
+    """Create `path` 0600 (before SQLite opens it, so it is never readable by others), or tighten it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, PRIVATE_FILE)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):  # left by an older gateway with a wider mode
+        side = path.with_name(path.name + suffix)
+        if side.exists() and side.stat().st_mode & 0o077:
+            side.chmod(PRIVATE_FILE)
+
+
+class SQLiteResponseStore:
+    """The embedded store; the file and its folder are made on first use (or by `check()`)."""
+
+    def __init__(self, path: Path, max_age_s: float, max_count: int, own_folder: bool = False) -> None:
         self.path = path
         self.max_age_s = max_age_s
         self.max_count = max_count
+        self.own_folder = own_folder
+        """The folder is the gateway's alone (the default path): tightened to 0700 even when it exists."""
         self._ready = False
         self._init_lock = threading.Lock()
 
+    def describe(self) -> str:
+        return f"{self.path} (SQLite, 0600)"
+
+    def check(self) -> None:
+        self._connect().close()
+
     def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path if self._ready else self._prepare(), timeout=BUSY_TIMEOUT_S,
-                               isolation_level=None)
+        try:
+            return sqlite3.connect(self.path if self._ready else self._prepare(), timeout=BUSY_TIMEOUT_S,
+                                   isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        return StoreUnavailable(f"the response store {self.path} cannot be used ({type(exc).__name__}: {exc}); "
+                                "set response_store.path to a file in a writable folder")
 
     def _prepare(self) -> Path:
-        """Make the folder, WAL mode and the schema once. Under a lock: two threads switching the
-        journal mode at once can get SQLITE_BUSY without the busy timeout ("database is locked")."""
+        """Make the folder (0700), the file (0600), WAL mode and the schema once. Under a lock: two threads
+        switching the journal mode at once can get SQLITE_BUSY without the busy timeout ("database is locked")."""
         with self._init_lock:
             if not self._ready:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                folder = self.path.parent
+                if not folder.is_dir():
+                    folder.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+                    folder.chmod(PRIVATE_DIR)  # mkdir's mode is filtered by the umask; parents keep theirs
+                elif self.own_folder and folder.stat().st_mode & 0o077:
+                    folder.chmod(PRIVATE_DIR)
+                _private_file(self.path)
                 conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
                 try:
                     conn.execute("PRAGMA journal_mode=WAL")
@@ -89,6 +145,12 @@ class SQLiteResponseStore:
                     conn.close()
                 self._ready = True
         return self.path
+
+    def _run(self, work: Any, *args: Any) -> Any:
+        try:
+            return work(*args)
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
 
     def _put(self, record: StoredResponse) -> None:
         conn = self._connect()
@@ -130,10 +192,10 @@ class SQLiteResponseStore:
             conn.close()
 
     async def put(self, record: StoredResponse) -> None:
-        await asyncio.to_thread(self._put, record)
+        await asyncio.to_thread(self._run, self._put, record)
 
     async def get(self, response_id: str) -> StoredResponse | None:
-        return await asyncio.to_thread(self._get, response_id)
+        return await asyncio.to_thread(self._run, self._get, response_id)  # type: ignore[no-any-return]
 
     async def delete(self, response_id: str) -> bool:
-        return await asyncio.to_thread(self._delete, response_id)
+        return await asyncio.to_thread(self._run, self._delete, response_id)  # type: ignore[no-any-return]

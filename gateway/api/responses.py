@@ -3,8 +3,10 @@ GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import orjson
@@ -13,8 +15,15 @@ from starlette.responses import Response
 
 from gateway.api.chat import check_chat
 from gateway.api.errors import APIError
+from gateway.api.modalities import check_modalities
 from gateway.api.protocol import ResponseFormat
-from gateway.api.response_store import ResponseStore, SQLiteResponseStore, StoredResponse, default_store_path
+from gateway.api.response_store import (
+    ResponseStore,
+    SQLiteResponseStore,
+    StoredResponse,
+    StoreUnavailable,
+    default_store_path,
+)
 from gateway.api.responses_translate import (
     NativeResponsesDialect,
     ResponsesDialect,
@@ -24,7 +33,7 @@ from gateway.api.responses_translate import (
     native_body,
     to_chat,
 )
-from gateway.api.serving import generate, parse_body, resolve_backend
+from gateway.api.serving import echoed, generate, parse_body, resolve_backend
 from gateway.config import Settings
 
 log = logging.getLogger("enginegate.responses")
@@ -34,15 +43,25 @@ NAMES = {"tools": "tools", "response_format": "text.format"}
 
 def build_store(settings: Settings) -> ResponseStore:
     cfg = settings.response_store
-    return SQLiteResponseStore(cfg.path or default_store_path(), cfg.max_age_seconds, cfg.max_count)
+    return SQLiteResponseStore(cfg.path or default_store_path(), cfg.max_age_seconds, cfg.max_count,
+                               own_folder=cfg.path is None)
 
 
 def _store(request: Request) -> ResponseStore:
     return request.app.state.response_store  # type: ignore[no-any-return]
 
 
+@contextlib.contextmanager
+def _usable_store() -> Iterator[None]:
+    """A store that cannot be used (its disk gone) answers 503 naming it, never 500."""
+    try:
+        yield
+    except StoreUnavailable as exc:
+        raise APIError(503, str(exc), code="store_unavailable") from exc
+
+
 def _not_found(response_id: str) -> APIError:
-    return APIError(404, f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
+    return APIError(404, f"Response with id '{echoed(response_id)}' not found.", param="response_id", code="not_found")
 
 
 @router.post("/v1/responses")
@@ -51,9 +70,10 @@ async def create_response(request: Request) -> Response:
     store = _store(request)
     history: list[dict[str, Any]] = []
     if parsed.previous_response_id is not None:
-        previous = await store.get(parsed.previous_response_id)
+        with _usable_store():
+            previous = await store.get(parsed.previous_response_id)
         if previous is None:
-            raise APIError(400, f"Previous response with id '{parsed.previous_response_id}' not found.",
+            raise APIError(400, f"Previous response with id '{echoed(parsed.previous_response_id)}' not found.",
                            param="previous_response_id", code="previous_response_not_found")
         history = previous.history
     items = input_items(parsed)
@@ -77,12 +97,14 @@ async def create_response(request: Request) -> Response:
     fmt = body.get("response_format")
     check_chat(backend, tools=body.get("tools"), response_format=ResponseFormat.model_validate(fmt) if fmt else None,
                names=NAMES)
+    check_modalities(backend, body["messages"], lambda _: "input")
     return await generate(request, backend, "chat", body, True, ResponsesDialect(ResponseShell(parsed), on_done))
 
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(request: Request, response_id: str) -> Response:
-    record = await _store(request).get(response_id)
+    with _usable_store():
+        record = await _store(request).get(response_id)
     if record is None:
         raise _not_found(response_id)
     return Response(orjson.dumps(record.response), media_type="application/json")
@@ -90,7 +112,9 @@ async def get_response(request: Request, response_id: str) -> Response:
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
-    if not await _store(request).delete(response_id):
+    with _usable_store():
+        deleted = await _store(request).delete(response_id)
+    if not deleted:
         raise _not_found(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
@@ -103,14 +127,15 @@ async def list_input_items(
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
 ) -> dict[str, Any]:
-    record = await _store(request).get(response_id)
+    with _usable_store():
+        record = await _store(request).get(response_id)
     if record is None:
         raise _not_found(response_id)
     items = record.input_items if order == "asc" else list(reversed(record.input_items))
     if after is not None:
         ids = [item.get("id") for item in items]
         if after not in ids:
-            raise APIError(400, f"no input item `{after}` in response {response_id}", param="after")
+            raise APIError(400, f"no input item `{echoed(after)}` in response {echoed(response_id)}", param="after")
         items = items[ids.index(after) + 1:]
     page = items[:limit]
     return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,

@@ -70,6 +70,8 @@ class ResponsesRequest(_Permissive):
 def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     """The request's input as a list of typed items with ids (what input_items lists and history keeps)."""
     if isinstance(req.input, str):
+        if not req.input:
+            raise APIError(400, "input must not be empty", param="input")
         raw: list[dict[str, Any]] = [{"role": "user", "content": req.input}]
     else:
         raw = req.input

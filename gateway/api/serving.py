@@ -24,8 +24,10 @@ from adapters.base import (
     StreamEvent,
     UnsupportedError,
 )
+from adapters.upstream_errors import stream_failure
 from gateway.api.disconnect import ClientGone, unless_disconnected
 from gateway.api.errors import CLIENT_CLOSED, APIError, error_payload, error_response
+from gateway.api.validate import check_output_limits
 from gateway.drain import SHUTTING_DOWN, Drain
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.api.fanout import Call
@@ -141,9 +143,14 @@ MAX_ECHOED_NAME = 64
 MAX_LISTED_MODELS = 20
 
 
+def echoed(text: str) -> str:
+    """A client's name or id as an error message repeats it: at most 64 characters of it."""
+    return text if len(text) <= MAX_ECHOED_NAME else text[:MAX_ECHOED_NAME] + "..."
+
+
 def model_not_found(request: Request, name: str) -> APIError:
     """404 naming (at most 64 characters of) the unknown model and the models served here."""
-    shown = name if len(name) <= MAX_ECHOED_NAME else name[:MAX_ECHOED_NAME] + "..."
+    shown = echoed(name)
     served = [b.model_id for b in runtime(request).models if tenancy.may_use(request.scope, b.model_id, b.aliases)]
     listed = ", ".join(served[:MAX_LISTED_MODELS]) + (", ..." if len(served) > MAX_LISTED_MODELS else "")
     return APIError(404, f"The model `{shown}` does not exist; served here: {listed or 'none'}",
@@ -226,6 +233,7 @@ async def generate(
     call: Callable[[Adapter], Call] | None = None,
 ) -> Response:
     """`call(adapter)` replaces the adapter's operation (fan-out for n > 1); admission and metrics stay the same."""
+    check_output_limits(body, backend.adapter.describe())
     arrived = time.perf_counter()
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
@@ -343,7 +351,7 @@ async def _sse(
                     usage = event.usage
                 if event.is_error:
                     m.errors.labels(backend.model_id, "engine_stream").inc()
-                    failure = EngineError("the engine's stream ended with an error", 502)
+                    failure = stream_failure(event.data)
                 out = writer.event(event)
                 if out:
                     yield out

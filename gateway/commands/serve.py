@@ -26,7 +26,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         settings = load_settings(args.config, model=args.model, host=args.host, port=args.port, log_level=args.log_level)
-    except (ValidationError, FileNotFoundError, ValueError) as exc:
+    except ValidationError as exc:  # one line per mistake, the field named
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "config"
+            print(f"enginegate: invalid configuration: {where}: {error['msg']}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError) as exc:
         print(f"enginegate: invalid configuration: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

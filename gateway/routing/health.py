@@ -6,8 +6,9 @@
     half_open --(the trial fails, or the engine not ready)--> open
 
 A failure is the engine's, never the client's: a 5xx from the engine, a connection it refused
-or dropped, a timeout, a stream that ended with an error. A client's bad request, an
-unsupported option or a client that left are not counted either way.
+or dropped, a timeout, a stream that ended with an error. A client's bad request (including an
+engine's 5xx that says the input was refused: adapters/upstream_errors.py), an unsupported
+option or a client that left are not counted either way.
 
 Concurrency rule: used on the event loop only; `clock` is injectable for table tests.
 """

@@ -42,6 +42,8 @@ log = logging.getLogger("enginegate.lifecycle")
 FAILED_RETRY_SECONDS = 30.0
 """A model whose every engine failed to load answers 503 this long before a request tries again."""
 TTL_CHECK_SECONDS = 1.0
+"""How often idle models are checked for their ttl, and loaded ones for an engine that gave up."""
+MAX_LISTED_FAILURES = 10
 
 
 class State(enum.StrEnum):
@@ -117,6 +119,9 @@ class ModelLifecycle:
     in_flight: int = 0
     wanting: int = 0
     draining: bool = False
+    """Admits nothing new while another model waits for its memory (cleared when none waits any more)."""
+    unload_asked: bool = False
+    """An unload (admin) waits for the running requests: admits nothing new until it is done or gave up."""
     last_used: float = 0.0
     loaded_at: float | None = None
     failed_at: float | None = None
@@ -149,12 +154,25 @@ class ModelLifecycle:
                  for pool, used in self.measured.items() if budget.differs(self.estimate.get(pool, 0), used)]
         return "; ".join(notes) or None
 
+    def engine_reason(self) -> str:
+        """Which engine serves and why: the plan's (or the config's) choice, or a fallback and what failed."""
+        if not self.choices:
+            return "set in the model's config"
+        choice = self.choices[self.active]
+        if self.active == 0:
+            return choice.because
+        preferred = self.choices[0].engine
+        failed = next((f.reason for f in reversed(self.failures) if f.engine == preferred), "")
+        return (f"fallback: {preferred} failed to load ({failed}); {choice.engine} is the {choice.because}; "
+                f"the next load tries {preferred} again")
+
     def view(self) -> dict[str, Any]:
         """The model's state for /v1/models, /v1/gateway/plan and the status page."""
         return {
             "state": self.state.value,
             **({"reason": self.reason} if self.reason else {}),
             "engine": self.choices[self.active].engine if self.choices else self.backend.engine,
+            "engine_reason": self.engine_reason(),
             "pinned": self.pinned,
             "preload": self.preload,
             "ttl_seconds": self.ttl_seconds,
@@ -164,7 +182,7 @@ class ModelLifecycle:
             "loads": self.loads,
             "in_flight": self.in_flight,
             "waiting_for_load": self.wanting,
-            "fallbacks": [{"engine": f.engine, "reason": f.reason} for f in self.failures],
+            "fallbacks": [{"engine": f.engine, "reason": f.reason} for f in self.failures[-MAX_LISTED_FAILURES:]],
         }
 
 
@@ -217,7 +235,7 @@ class Lifecycles:
             while True:
                 if lc.state is State.LOADED and lc.draining and not self._memory_wanted(lc):
                     lc.draining = False  # whoever needed its memory gave up or was served elsewhere
-                if lc.state is State.LOADED and not lc.draining:
+                if lc.state is State.LOADED and not lc.draining and not lc.unload_asked:
                     lc.in_flight += 1
                     lc.admitted += 1
                     lc.last_used = time.monotonic()
@@ -295,7 +313,7 @@ class Lifecycles:
 
     async def _load(self, lc: ModelLifecycle) -> None:
         async with self._load_lock:
-            order = list(range(lc.active, len(lc.choices))) or [0]
+            order = list(range(len(lc.choices))) or [0]  # every load tries the preferred engine first
             for position, index in enumerate(order):
                 choice = lc.choices[index] if lc.choices else None
                 if choice is not None and index != lc.active:
@@ -402,16 +420,19 @@ class Lifecycles:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.load_timeout
-        while lc.state is State.LOADING or (lc.state is State.LOADED and lc.in_flight > 0):
-            lc.draining = True
-            left = deadline - loop.time()
-            if left <= 0:
-                lc.draining = False
-                raise ModelUnavailable(f"model {lc.name!r} still has {lc.in_flight} request(s) running", 5.0,
-                                       "model_busy")
-            await self._wait_changed(left)
-        if lc.state is State.LOADED:
-            await self._stop(lc, why)
+        lc.unload_asked = True  # requests that arrive now wait for the unload (then load it again)
+        try:
+            while lc.state is State.LOADING or (lc.state is State.LOADED and lc.in_flight > 0):
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise ModelUnavailable(f"model {lc.name!r} still has {lc.in_flight} request(s) running "
+                                           f"after {self.load_timeout:g} s (load_timeout_seconds)", 5.0, "model_busy")
+                await self._wait_changed(left)
+            if lc.state is State.LOADED:
+                await self._stop(lc, why)
+        finally:
+            lc.unload_asked = False
+            self._notify()  # the requests that waited for the unload go on (and load the model again)
 
     async def preload(self) -> list[str]:
         """Load the preload models in order; returns the names that failed."""
@@ -422,7 +443,7 @@ class Lifecycles:
                     await self.load(lc)
                 except ModelUnavailable as exc:
                     failed.append(f"{lc.name}: {exc.reason}")
-        self._ttl_task = asyncio.ensure_future(self._ttl_loop())
+        self._ttl_task = asyncio.ensure_future(self._watch_loop())
         return failed
 
     async def stop(self) -> None:
@@ -435,14 +456,38 @@ class Lifecycles:
         for lc in self:
             lc.state = State.UNLOADED
 
-    async def _ttl_loop(self) -> None:
+    async def _watch_loop(self) -> None:
         while True:
             await asyncio.sleep(TTL_CHECK_SECONDS)
             now = time.monotonic()
             for lc in list(self):
-                if (lc.ttl_seconds is not None and lc.state is State.LOADED and lc.in_flight == 0
+                gave_up = self._gave_up(lc)
+                if gave_up is not None:
+                    await self._fail_loaded(lc, gave_up)
+                elif (lc.ttl_seconds is not None and lc.state is State.LOADED and lc.in_flight == 0
                         and lc.wanting == 0 and now - lc.last_used >= lc.ttl_seconds):
                     await self._stop(lc, "ttl")
+
+    @staticmethod
+    def _gave_up(lc: ModelLifecycle) -> str | None:
+        """Why a loaded model's engines all stopped for good (a crash loop on every replica), else None."""
+        if lc.state is not State.LOADED or not lc.backend.replicas:
+            return None
+        reasons = [r.adapter.gave_up() for r in lc.backend.replicas]
+        if any(reason is None for reason in reasons):
+            return None
+        return "; ".join(dict.fromkeys(str(reason) for reason in reasons))
+
+    async def _fail_loaded(self, lc: ModelLifecycle, reason: str) -> None:
+        """A loaded model whose engine gave up is `failed`, as its engine is: stopped (nothing left running),
+        answered 503 with the reason, loaded again by a request after FAILED_RETRY_SECONDS."""
+        log.error("model %s: its engine gave up (%s); the model is failed", lc.name, reason)
+        lc.state = State.UNLOADING
+        await self._quiet_stop(lc)
+        lc.state, lc.reason, lc.failed_at, lc.loaded_at = State.FAILED, f"engine failed: {reason}", time.monotonic(), None
+        footprint.release_freed_memory()
+        self.observer.model_evicted(lc.name, "engine_failed")
+        self._notify()
 
     # -- plumbing ------------------------------------------------------------------------------
 

@@ -111,3 +111,75 @@ async def test_a_draining_model_admits_again_once_nobody_waits_for_its_memory() 
     release_a()
     release_again()
     assert not a.draining
+
+
+async def test_an_unload_under_steady_traffic_admits_nothing_new_and_unloads_once_the_running_ones_end() -> None:
+    lcs, events = lifecycles(16, "b")
+    b = lcs.models["b"]
+    await lcs.load(b)
+    running = await lcs.acquire(b)
+    unloading = asyncio.create_task(lcs.unload(b))
+    await settle()
+    newcomer = asyncio.create_task(lcs.acquire(b))  # no other model wants memory: it must wait all the same
+    await settle()
+    assert not newcomer.done() and not unloading.done() and b.in_flight == 1
+    running()
+    await asyncio.wait_for(unloading, 5)
+    assert "evict b (admin)" in events.log
+    (await asyncio.wait_for(newcomer, 5))()  # then it is served: the model loads again on demand
+    assert events.log.count("load b") == 2 and not b.unload_asked
+
+
+class Flaky(EchoAdapter):
+    """An engine whose start fails while `broken`, and whose supervisor may give up (`gave_up_reason`)."""
+
+    def __init__(self, engine: str, broken: bool = False) -> None:
+        super().__init__()
+        self.engine, self.broken, self.gave_up_reason, self.starts = engine, broken, None, 0
+
+    async def start(self) -> None:
+        self.starts += 1
+        if self.broken:
+            raise RuntimeError(f"{self.engine} cannot start")
+
+    def gave_up(self) -> str | None:
+        return self.gave_up_reason
+
+
+def fallback_model() -> tuple[Lifecycles, ModelLifecycle, Flaky, Flaky]:
+    from gateway.routing import EngineChoice, Replica
+
+    preferred, fallback = Flaky("server", broken=True), Flaky("inproc")
+    lcs = Lifecycles({GPU: 100}, load_timeout=5)
+    choices = [EngineChoice("server", None, lambda: [Replica(preferred, Admission(8, 8))], {GPU: 10}, "chosen by the plan"),
+               EngineChoice("inproc", None, lambda: [Replica(fallback, Admission(8, 8))], {GPU: 10}, "next ranked candidate")]
+    backend = Backend(model_id="m", adapter=preferred, admission=Admission(8, 8))
+    lc = ModelLifecycle(backend, {GPU: 10}, choices)
+    lcs.add(lc)
+    return lcs, lc, preferred, fallback
+
+
+async def test_after_a_fallback_the_next_load_tries_the_preferred_engine_again_and_the_view_says_which_serves() -> None:
+    lcs, lc, preferred, fallback = fallback_model()
+    await lcs.load(lc)
+    assert lc.backend.engine == "inproc" and lc.view()["engine"] == "inproc"
+    assert lc.view()["engine_reason"].startswith("fallback: server failed to load (RuntimeError: server cannot start)")
+    await lcs.unload(lc)
+    preferred.broken = False
+    await lcs.load(lc)
+    assert lc.backend.engine == "server" and preferred.starts == 2
+    assert lc.view()["engine_reason"] == "chosen by the plan"
+
+
+async def test_a_loaded_model_whose_engine_gave_up_is_failed_everywhere() -> None:
+    lcs, lc, preferred, _ = fallback_model()
+    preferred.broken = False
+    await lcs.load(lc)
+    assert lcs._gave_up(lc) is None
+    preferred.gave_up_reason = "crash loop: 2 crashes in 300s, gave up"
+    reason = lcs._gave_up(lc)
+    assert reason is not None
+    await lcs._fail_loaded(lc, reason)
+    assert lc.state is State.FAILED and "crash loop" in lc.view()["reason"]
+    with pytest.raises(ModelUnavailable, match="crash loop"):
+        await lcs.acquire(lc)

@@ -7,7 +7,7 @@ from adapters.base import ClientRequestError, EngineError, Usage
 from adapters.observe import extract_usage, observe
 from adapters.openai_http import forward_headers
 from adapters.sse import SSEParser
-from adapters.upstream_errors import error_exception, normalise_error
+from adapters.upstream_errors import error_exception, normalise_error, stream_failure
 
 CHUNK = b'{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}'
 
@@ -87,6 +87,37 @@ def test_error_exception_blames_the_right_side() -> None:
     for status, mapped in ((500, 502), (401, 502), (503, 503), (529, 503), (504, 504), (499, 502)):
         exc = error_exception(status, b'{"error":"x"}')
         assert isinstance(exc, EngineError) and exc.status == mapped, status
+
+
+# llama-server's own refusals of a request it cannot take (its std::runtime_error answers 500)
+REFUSED_INPUTS = [
+    (500, "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"),
+    (500, "audio input is not supported - hint: if this is unexpected, you may need to provide the mmproj"),
+    (500, "Multimodal data provided, but model does not support multimodal requests."),
+    (500, "input (6001 tokens) is too large to process. increase the physical batch size (current batch size: 2048)"),
+    (500, "Invalid base64 value"),
+    (500, "Cannot use both json_schema and grammar"),
+    (500, "\"prompt\" must not be empty"),
+    (500, "Unsupported param: echo"),
+    (501, "This server does not support embeddings. Start it with `--embeddings`"),
+]
+ENGINE_FAILURES = [(500, "No available space in KV cache"), (500, "llama_decode failed"), (502, "bad gateway"),
+                   (500, "Failed to tokenize prompt")]
+
+
+@pytest.mark.parametrize("status, message", REFUSED_INPUTS)
+def test_an_engine_refusing_the_input_is_the_clients_error(status: int, message: str) -> None:
+    body = b'{"error":{"code":%d,"message":"%s","type":"server_error"}}' % (status, message.replace('"', '\\"').encode())
+    exc = error_exception(status, body, "llama_server")
+    assert isinstance(exc, ClientRequestError) and exc.status == 400, (status, message, exc)
+    assert status != 500 or isinstance(stream_failure(body), ClientRequestError)
+
+
+@pytest.mark.parametrize("status, message", ENGINE_FAILURES)
+def test_an_engine_failing_stays_the_engines(status: int, message: str) -> None:
+    body = b'{"error":{"code":%d,"message":"%s","type":"server_error"}}' % (status, message.encode())
+    assert isinstance(error_exception(status, body), EngineError)
+    assert isinstance(stream_failure(body), EngineError)
 
 
 def test_forward_headers_strips_hop_by_hop_and_credentials() -> None:

@@ -68,6 +68,21 @@ def user(content: Any = ..., **extra: Any) -> dict[str, Any]:
     ("/v1/embeddings", {"input": [[1, 2, 300]]}, "input"),
     ("/v1/embeddings", {"input": [-1]}, "input"),
     ("/v1/embeddings", {"input": ""}, "input"),
+    # issue 21: ranges against the model's own limits, content the engine cannot take
+    ("/v1/chat/completions", {"messages": [user("q")], "max_tokens": 51}, "max_tokens"),  # over the 50-token context
+    ("/v1/chat/completions", {"messages": [user("q")], "max_tokens": 51, "stream": True}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [user("q")], "max_completion_tokens": 10**12}, "max_completion_tokens"),
+    ("/v1/completions", {"prompt": "q", "max_tokens": 4294967295}, "max_tokens"),  # wraps to -1 in a 32-bit engine
+    ("/v1/responses", {"input": "q", "max_output_tokens": 51}, "max_tokens"),
+    ("/v1/responses", {"input": ""}, "input"),
+    ("/v1/responses", {"input": "", "stream": True}, "input"),
+    ("/v1/chat/completions", {"messages": [user([{"type": "image_url", "image_url": {"url": "data:,"}}])]},
+     "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [user("q"), user([{"type": "input_audio", "input_audio": {"data": ""}}])]},
+     "messages.1.content"),
+    ("/v1/messages", {"max_tokens": 2, "messages": [user([{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "AAAA"}}])]}, None),
+    ("/v1/responses", {"input": [user([{"type": "input_image", "image_url": "data:,"}])]}, "input"),
 ])
 def test_client_mistakes_are_400_with_param_and_never_reach_the_engine(
     client: TestClient, engine: VocabEcho, path: str, body: dict[str, Any], param: str
@@ -75,7 +90,10 @@ def test_client_mistakes_are_400_with_param_and_never_reach_the_engine(
     r = client.post(path, json={"model": "echo", **body})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    if path == "/v1/messages":  # Anthropic's error shape: no param
+        assert error["type"] == "invalid_request_error" and "image input" in error["message"], error
+    else:
+        assert error["type"] == "invalid_request_error" and error["param"] == param, error
     assert engine.seen_bodies == []
 
 
