@@ -59,8 +59,11 @@ class SchedulerConfig(BaseModel):
     """Requests one flow may have waiting on one replica; None: only the model's max_queue (where a full
     queue refuses the flow holding the most waiters)."""
     newcomer_slots: int = Field(default=1, ge=0)
-    """Slots of each replica that only a flow with nothing running there may take, on replicas with at
-    least 4x as many slots: a request arriving behind another client's burst starts at once."""
+    """Slots of each replica that only a flow with nothing running there may take, while more than one
+    flow has used the replica within `flow_window_seconds` and the replica has at least 4x as many
+    slots: a request arriving behind another client's burst starts at once (one client alone keeps every slot)."""
+    flow_window_seconds: float = Field(default=60.0, gt=0)
+    """How long a flow counts as active on a replica after its last request (for newcomer_slots)."""
     prefill_budget_tokens: int | None = Field(default=None, ge=1)
     """Prompt tokens a replica may be prefilling at once (admitted, first token not yet sent); a request
     that would exceed it waits while shorter ones start (one alone always starts); None: no budget."""

@@ -60,6 +60,9 @@ class Admission:
         self.running = 0
         self.prefill_tokens = 0
         self._running_by_flow: collections.Counter[str] = collections.Counter()
+        self._seen: dict[str, float] = {}
+        """Each recent flow's last arrival (loop time): newcomer slots are kept only when several share."""
+        self._shared = False
         self._queue = FairQueue(max_queue, self.policy.max_queue_per_flow,
                                 self.policy.aging_seconds if self.fair else None)
 
@@ -93,8 +96,8 @@ class Admission:
         if not self.fair:
             return True
         reserved = self.policy.newcomer_slots
-        if reserved and self.concurrency >= NEWCOMER_RATIO * reserved and self._running_by_flow[demand.flow] > 0 \
-                and self.running >= self.concurrency - reserved:
+        if reserved and self._shared and self.concurrency >= NEWCOMER_RATIO * reserved \
+                and self._running_by_flow[demand.flow] > 0 and self.running >= self.concurrency - reserved:
             return False
         budget = self.policy.prefill_budget_tokens
         return not (budget and self.prefill_tokens > 0 and self.prefill_tokens + demand.prompt_tokens > budget)
@@ -103,6 +106,7 @@ class Admission:
         loop = asyncio.get_running_loop()
         ticket = Ticket(self._keyed(demand or Demand()))
         now = loop.time()
+        self._arrived(ticket.demand.flow, now)
         if ticket.demand.deadline is not None and ticket.demand.deadline <= now:
             raise DeadlineExceeded("the request's deadline passed before it could be admitted")
         if not self._queue and self.can_start(ticket.demand):
@@ -152,6 +156,17 @@ class Admission:
     def resize(self, concurrency: int | None) -> None:
         self.concurrency = concurrency
         self._wake()
+
+    def _arrived(self, flow: str, now: float) -> None:
+        """Note the flow's arrival; `_shared`: more than one flow used this replica within the window."""
+        if not (self.fair and self.policy.newcomer_slots):
+            return
+        self._seen.pop(flow, None)
+        self._seen[flow] = now  # insertion order is arrival order: the oldest first
+        horizon = now - self.policy.flow_window_seconds
+        while self._seen and next(iter(self._seen.values())) < horizon:
+            del self._seen[next(iter(self._seen))]
+        self._shared = len(self._seen) > 1
 
     def _keyed(self, demand: Demand) -> Demand:
         """Under fifo every request is one flow of one tier (its deadline still holds)."""
