@@ -67,9 +67,6 @@ class SchedulerConfig(BaseModel):
     prefill_budget_tokens: int | None = Field(default=None, ge=1)
     """Prompt tokens a replica may be prefilling at once (admitted, first token not yet sent); a request
     that would exceed it waits while shorter ones start (one alone always starts); None: no budget."""
-    engine_priority: bool = False
-    """Pass each request's tier to engines that schedule by priority (vLLM: the plan adds
-    `--scheduling-policy priority` and each request carries `priority`)."""
 
 
 class FlowConfig(BaseModel):

@@ -8,16 +8,14 @@ from typing import Any
 
 from starlette.requests import Request
 
+from adapters import registry
+from adapters.server import ServerAdapter
 from gateway.api.errors import APIError
 from gateway.identity import caller_of
 from gateway.metrics import GatewayMetrics
 from gateway.routing import Backend, DeadlineExceeded, Lease, Refusal
 from gateway.scheduling import RANK, TIERS, Demand
 from gateway.scheduling.classify import DemandError, demand_for
-
-PRIORITY_ENGINES = frozenset({"vllm"})
-"""Engines that schedule by a request's `priority` (lower first) when launched with a priority policy."""
-
 
 def request_demand(request: Request, body: dict[str, Any]) -> Demand:
     """400 naming the header when a scheduling header is unreadable."""
@@ -44,13 +42,15 @@ def observe_wait(m: GatewayMetrics, backend: Backend, demand: Demand | None, wai
     m.tier_queue_wait.labels(backend.model_id, demand.tier if demand is not None else "default").observe(waited)
 
 
-def with_engine_priority(body: dict[str, Any], lease: Lease, backend: Backend, demand: Demand | None) -> dict[str, Any]:
-    """The request's tier as vLLM's `priority` (priority 0, default 1, flex 2) when its plan launched the
-    engine with `--scheduling-policy priority`; a `priority` the client sent itself is kept."""
-    if demand is None or "priority" in body or lease.adapter.engine not in PRIORITY_ENGINES:
+def with_engine_priority(body: dict[str, Any], lease: Lease, demand: Demand | None) -> dict[str, Any]:
+    """The request's tier as the engine's `priority` (priority 0, default 1, flex 2) when the engine runs
+    with its spec's `priority_options` (vLLM: `--scheduling-policy priority`, set by the plan for a workload
+    with priority classes, or by the user); a `priority` the client sent itself is kept."""
+    adapter = lease.adapter
+    if demand is None or "priority" in body or not isinstance(adapter, ServerAdapter):
         return body
-    plan = backend.plan
-    if plan is None or plan.options.get("scheduling_policy") != "priority":
+    wanted = registry.spec(adapter.engine).priority_options
+    if not wanted or any(adapter.options.get(k) != v for k, v in wanted.items()):
         return body
     return {**body, "priority": RANK[demand.tier]}
 

@@ -268,7 +268,7 @@ async def _admitted_call(
         lease = await admit(request, backend, route, exclude=tried, demand=demand)
         try:
             with request_timing(request.scope).upstream_span():
-                return lease, await operation(lease.adapter)(with_engine_priority(body, lease, backend, demand), ctx)
+                return lease, await operation(lease.adapter)(with_engine_priority(body, lease, demand), ctx)
         except BaseException as exc:
             lease.release(exc)
             tried.append(lease.replica)
