@@ -28,18 +28,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
-import uvicorn
 
 from adapters import registry
 from adapters.config import EngineConfig
 from adapters.llama_server import find_llama_server
-from adapters.process import free_port
 from benchmarks.harness import pct
 from gateway.app import create_app
 from gateway.config import SchedulerConfig, Settings
 from gateway.modelsource import embedded_model_path
 from gateway.routing import Admission, Backend, ModelRegistry
 from gateway.runtime import Runtime
+from tests.gateway_process import app_server
 
 FLOW = "x-enginegate-flow"
 WORDS = ("river stone market winter signal harbor lantern copper meadow engine garden letter silver "
@@ -97,20 +96,13 @@ async def serving(slots: int, threads: int, context: int, run: Callable[[Gateway
     backend = Backend(model_id="smollm", adapter=adapter, admission=Admission(slots, 16))
     models.add(backend)
     settings = Settings()
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, Runtime(settings=settings, models=models)),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.05)
-    gw = Gateway(f"http://127.0.0.1:{port}", backend, slots)
-    try:
-        await gw.chat("warm", "hello", 4)
-        await run(gw)  # type: ignore[misc]
-    finally:
-        await gw.http.aclose()
-        server.should_exit = True
-        await task
+    async with app_server(create_app(settings, Runtime(settings=settings, models=models))) as url:
+        gw = Gateway(url, backend, slots)
+        try:
+            await gw.chat("warm", "hello", 4)
+            await run(gw)  # type: ignore[misc]
+        finally:
+            await gw.http.aclose()
 
 
 async def flood_variant(gw: Gateway, flood: int, tokens: int, b_flow: str) -> tuple[Result, list[Result], float]:

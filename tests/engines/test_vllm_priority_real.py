@@ -20,7 +20,7 @@ def test_priority_requests_overtake_default_ones_inside_vllm(tmp_path: Path) -> 
     with priority_vllm(tmp_path) as gw:
         commands = [" ".join(p.cmdline()) for p in psutil.Process(gw.process.pid).children()]
         assert any("--scheduling-policy priority" in c for c in commands), commands
-        timed, hog = asyncio.run(measure(gw.url, per_tier=2, tokens=8))
+        timed, hog = asyncio.run(measure(gw.url, per_tier=3, tokens=32))
     print(table(timed))
     ends = {tier: [t.end for t in timed if t.tier == tier] for tier in ("priority", "default", "flex")}
     assert max(ends["priority"]) < min(ends["default"]) and max(ends["default"]) < min(ends["flex"]), table(timed)  # type: ignore[type-var]
