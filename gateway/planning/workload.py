@@ -20,19 +20,25 @@ Accelerator = Literal["none", "nvidia", "amd", "apple"]
 class Workload(BaseModel):
     """What the operator knows about the traffic; everything else is detected or read."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
     prompt_tokens: int = Field(default=512, ge=1)
     """Typical prompt length."""
     output_tokens: int = Field(default=256, ge=1)
+    """Typical output length."""
     context_length: int | None = Field(default=None, ge=64)
     """Target context; null takes the model's trained length, capped by what fits."""
     concurrency: int = Field(default=1, ge=1)
+    """Requests in flight at once."""
     shared_prefix: bool = False
     """Requests share long prefixes (system prompts, RAG documents, agents): prefix caching pays."""
     mode: Mode = "local"
+    """local (one user or team), production (a shared server) or fleet (many nodes)."""
     objective: Objective = "latency"
+    """What to optimise for; throughput adds data-parallel replicas, cost uses the fewest GPUs."""
     nodes: int = Field(default=1, ge=1)
+    """Hosts the model may span (more than one: multi-node engines such as Dynamo)."""
     kv_dtype: KvDtype = "fp16"
+    """The KV cache's element type the capacity arithmetic assumes."""
     decode_tokens_per_s: float | None = Field(default=None, gt=0)
     """Per-sequence decode rate the traffic needs; null: 10 tokens/s (a little faster than people read)."""
     priority_classes: bool = False
