@@ -39,9 +39,15 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("previous_response_not_found", (400,), "`previous_response_id` names no stored response."),
     ErrorCode("invalid_function_call_output", (400,), "A Responses `function_call_output` item that "
               "answers no `function_call` of the conversation."),
+    ErrorCode("invalid_header", (400,), "A scheduling header the gateway cannot read (`x-enginegate-deadline-ms`, "
+              "the service-tier header); `param` names it."),
+    ErrorCode("deadline_exceeded", (504,), "The request's `x-enginegate-deadline-ms` passed while it waited in the "
+              "queue: it was not started late."),
     ErrorCode("no_engine_log", (400,), "/admin/engines/{model}/logs for an in-process engine, which keeps no log."),
     # -- capacity: retry later (each with Retry-After) ---------------------------------------------
-    ErrorCode("queue_full", (429,), "The model's queue (`max_queue`) is full."),
+    ErrorCode("queue_full", (429,), "The scheduler refused the request: its client's queue bound, or a full "
+              "`max_queue` that refuses the client holding the most waiters (or a `flex` request first); "
+              "`enginegate_scheduler_refusals_total` counts the reason."),
     ErrorCode("shutting_down", (503,), "The gateway is draining after SIGTERM; also the final stream event of a "
               "stream cut at the end of `shutdown_grace_seconds`."),
     ErrorCode("model_unavailable", (503,), "The model cannot serve now, for a reason without a code of its own."),

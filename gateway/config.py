@@ -49,7 +49,7 @@ class RoutingConfig(BaseModel):
 class SchedulerConfig(BaseModel):
     """How each replica of a model orders and bounds the requests waiting for its slots (docs/scheduling.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     policy: Literal["fair", "fifo"] = "fair"
     """fair: service tiers with aging, weighted fair queuing between flows, newcomer slots, prefill budget;
@@ -75,7 +75,7 @@ class SchedulerConfig(BaseModel):
 class FlowConfig(BaseModel):
     """Who a request belongs to and its class, for the scheduler (docs/scheduling.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     header: str = "x-enginegate-flow"
     """The header naming a request's flow when it has no API key; without either, the client address."""
