@@ -63,8 +63,9 @@ class Admission:
         self._seen: dict[str, float] = {}
         """Each recent flow's last arrival (loop time): newcomer slots are kept only when several share."""
         self._shared = False
-        self._queue = FairQueue(max_queue, self.policy.max_queue_per_flow,
-                                self.policy.aging_seconds if self.fair else None)
+        fair = self.fair  # under fifo every request is one flow of one tier: no per-flow bound, no aging
+        self._queue = FairQueue(max_queue, self.policy.max_queue_per_flow if fair else None,
+                                self.policy.aging_seconds if fair else None)
 
     @property
     def fair(self) -> bool:
