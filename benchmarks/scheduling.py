@@ -126,7 +126,7 @@ async def flood(gw: Gateway, args: argparse.Namespace) -> None:
                 ("fair (queue 16), B seen within the minute", fair, 16, "B"),
                 ("first come, first served (queue 16)", fifo, 16, "B"),  # ABBA: a drifting machine cancels out
                 ("first come, first served (queue 64)", fifo, 64, "B"),
-                ("fair (queue 16), B never seen before", fair, 16, "B-new")]
+                ("fair (queue 16), a flow B2 new to the replica", fair, 16, "B-new")]
     idle: list[float] = []
     runs: dict[str, list[tuple[Result, list[Result], float]]] = {}
     for name, policy, queue, b_flow in variants:
