@@ -59,10 +59,15 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("previous_response_not_found", OPENAI, (400,), "`previous_response_id` names no stored response."),
     ErrorCode("invalid_function_call_output", GATEWAY, (400,), "A Responses `function_call_output` item that "
               "answers no `function_call` of the conversation."),
+    ErrorCode("invalid_header", GATEWAY, (400,), "A scheduling header the gateway cannot read (`x-enginegate-deadline-ms`, "
+              "the service-tier header); `param` names it."),
+    ErrorCode("deadline_exceeded", GATEWAY, (504,), "The request's `x-enginegate-deadline-ms` passed while it waited in the "
+              "queue: it was not started late."),
     ErrorCode("no_engine_log", GATEWAY, (400,), "/admin/engines/{model}/logs for an in-process engine, which keeps no log."),
     # -- capacity: retry later (each with Retry-After) ---------------------------------------------
-    ErrorCode("queue_full", GATEWAY, (429,), "The model's queue (`max_queue`) is full: the gateway is overloaded, not "
-              "the caller over a limit."),
+    ErrorCode("queue_full", GATEWAY, (429,), "The scheduler refused the request: its client's queue bound, or a full "
+              "`max_queue` that refuses the client holding the most waiters (or a `flex` request first); "
+              "`enginegate_scheduler_refusals_total` counts the reason. The gateway is busy, not the caller over a limit."),
     ErrorCode("rate_limit_exceeded", OPENAI, (429,), "The key's rpm, tpm or max_concurrency is reached; Retry-After says "
               "when its window ends."),
     ErrorCode("insufficient_quota", OPENAI, (429,), "The key's token budget for its period is spent (`x-should-retry: "

@@ -126,6 +126,9 @@ class EngineSpec:
     local_weights: bool = True
     """False: the model lives elsewhere (an external server), so nothing is resolved or planned."""
     default_concurrency: int = 1
+    priority_options: Mapping[str, Any] = field(default_factory=dict)
+    """Options under which the engine schedules by each request's `priority` (lower first); the planner sets
+    them for a workload with priority classes, and the gateway then sends each request's tier as `priority`."""
     """Requests let through to the engine at once; servers that batch take many."""
     container_image: str | None = None
     server: ServerSpec | None = None

@@ -53,8 +53,10 @@ def engine_args(model_path: str, served: str, opts: LaunchOptions, endpoint: End
     return argv
 
 
-def vllm_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpoint) -> list[str]:
+def vllm_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpoint,
+              scheduling_policy: str | None = None) -> list[str]:
     argv = opts.python_module(MODULE) + engine_args(model_path, served, opts, endpoint)
+    flag(argv, "--scheduling-policy", scheduling_policy)
     if not opts.metrics:
         argv.append("--disable-log-stats")
     return argv
@@ -69,7 +71,9 @@ def vllm_env(endpoint: Endpoint) -> dict[str, str]:
 
 
 def vllm_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
-    return Launch(vllm_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint), vllm_env(endpoint))
+    policy = adapter.options.get("scheduling_policy")
+    return Launch(vllm_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint,
+                            str(policy) if policy else None), vllm_env(endpoint))
 
 
 SPEC = EngineSpec(
@@ -86,6 +90,7 @@ SPEC = EngineSpec(
     python_modules=("vllm",),
     layout_options=kv_layout_options,
     default_concurrency=64,
+    priority_options={"scheduling_policy": "priority"},
     container_image="vllm/vllm-openai:latest",
     server=ServerSpec(
         command=vllm_command,

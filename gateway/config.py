@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -47,6 +47,45 @@ class RoutingConfig(BaseModel):
     """How often each replica's readiness and engine stats (waiting count, KV use) are polled."""
     max_retries: int = Field(default=1, ge=0)
     """Attempts on another replica when an engine fails before anything reached the client."""
+
+
+class SchedulerConfig(BaseModel):
+    """How each replica of a model orders and bounds the requests waiting for its slots (docs/scheduling.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    policy: Literal["fair", "fifo"] = "fair"
+    """fair: service tiers with aging, weighted fair queuing between flows, newcomer slots, prefill budget;
+    fifo: one first-come-first-served queue (deadlines still apply)."""
+    aging_seconds: float | None = Field(default=10.0, gt=0)
+    """A request that has waited this long goes before every request that has not, whatever its tier
+    (the bound on a low tier's wait); None: strict priority."""
+    max_queue_per_flow: int | None = Field(default=None, ge=1)
+    """Requests one flow may have waiting on one replica; None: only the model's max_queue (where a full
+    queue refuses the flow holding the most waiters)."""
+    newcomer_slots: int = Field(default=1, ge=0)
+    """Slots of each replica kept for flows running fewer than their share (slots / flows that used the
+    replica within `flow_window_seconds`), while more than one flow did and the replica has at least 4x
+    as many slots: a request arriving behind another client's burst starts at once (one client alone
+    keeps every slot)."""
+    flow_window_seconds: float = Field(default=60.0, gt=0)
+    """How long a flow counts as active on a replica after its last request (for newcomer_slots)."""
+    prefill_budget_tokens: int | None = Field(default=None, ge=1)
+    """Prompt tokens a replica may be prefilling at once (admitted, first token not yet sent); a request
+    that would exceed it waits while shorter ones start (one alone always starts); None: no budget."""
+
+
+class FlowConfig(BaseModel):
+    """Who a request belongs to and its class, for the scheduler (docs/scheduling.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    header: str = "x-enginegate-flow"
+    """The header naming a request's flow when it has no API key; without either, the client address."""
+    tier_header: str = "x-enginegate-service-tier"
+    """The header giving a request's tier (priority, default, flex) when its body has no `service_tier`."""
+    weights: dict[str, PositiveFloat] = Field(default_factory=dict)
+    """Flow name -> its share in fair queuing (default 1; a key's own weight, when not 1, wins)."""
 
 
 class BackendConfig(BaseModel):
@@ -95,6 +134,8 @@ class ModelConfig(BaseModel):
     """More instances behind the same name: local engines and/or external URLs (`engine: openai`)."""
     routing: RoutingConfig = RoutingConfig()
     """How requests choose among the model's replicas and backends."""
+    scheduler: SchedulerConfig = SchedulerConfig()
+    """How each replica orders, bounds and refuses the requests waiting for its slots."""
     workload: Workload | None = None
     """The traffic this model expects (the fields of `enginegate plan --workload`): the plan is made for it, and
     an `enginegate tune` record for this workload applies. None: the planner's default workload."""
@@ -215,6 +256,8 @@ class Settings(BaseSettings):
     scrapes the vLLM pods this gateway relays to, so `sum(vllm:...)` does not count them twice."""
     retry_after_seconds: int = Field(default=1, ge=1)
     """The `Retry-After` sent with a 429 for a full queue."""
+    flows: FlowConfig = FlowConfig()
+    """Who a request belongs to (its flow) and its service tier, for the scheduler."""
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     """On SIGTERM: new requests get 503, requests in flight get this long to finish, then each
     remaining stream ends with an error event and the gateway exits."""

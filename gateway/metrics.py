@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapters.base import EngineStats
 from gateway.epp_metrics import EppCollector
+from gateway.scheduling import REFUSAL_REASONS, TIERS
 
 if TYPE_CHECKING:
     from gateway.planning import Plan
@@ -190,6 +191,24 @@ class GatewayMetrics:
             buckets=TOKEN_BUCKETS,
             registry=r,
         )
+        self.tier_queue_wait = Histogram(
+            "enginegate_scheduler_queue_wait_seconds",
+            "Time a request waited for a free engine slot, by service tier (priority, default, flex).",
+            ["model", "service_tier"],
+            buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.tier_waiting = Gauge(
+            "enginegate_scheduler_waiting", "Requests waiting for a free engine slot, by service tier.",
+            ["model", "service_tier"], registry=r,
+        )
+        self.refusals = Counter(
+            "enginegate_scheduler_refusals",
+            "Requests the scheduler refused or took out of the queue unserved, by reason: flow_bound (the "
+            "client's own queue bound), flow_share (a full queue refuses the client holding the most), "
+            "class (a flex request gave its place to a higher tier), queue_full, deadline (504).",
+            ["model", "reason"], registry=r,
+        )
         self.queue_waiting = Gauge(
             "enginegate_queue_waiting", "Requests waiting for a free engine slot.", ["model"], registry=r
         )
@@ -338,6 +357,11 @@ class GatewayMetrics:
                 family.labels(model, engine)
             self.queue_wait.labels(model)
             self.rejected.labels(model)
+            for tier in TIERS:
+                self.tier_queue_wait.labels(model, tier)
+                self.tier_waiting.labels(model, tier)
+            for reason in REFUSAL_REASONS:
+                self.refusals.labels(model, reason)
             for route in GENERATION_ROUTES:
                 self.requests.labels(route, model, "200")
                 self.request_duration.labels(route, model)

@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from adapters.base import EngineStats
 from gateway.api.errors import error_response
+from gateway.api.scheduling import refresh_tiers
 from gateway.api.serving import metrics, runtime
 from gateway.epp_metrics import ModelLoad, ReplicaLoad, ServedNames, model_load
 from gateway.metrics import GENERATION_ROUTES, GatewayMetrics
@@ -23,6 +24,7 @@ from gateway.routing import Backend, State
 from gateway.routing.health import BreakerState
 from gateway.routing.pool import Replica
 from gateway.runtime import Runtime
+from gateway.scheduling import REFUSAL_REASONS, TIERS
 
 log = logging.getLogger("enginegate.metrics")
 router = APIRouter()
@@ -64,6 +66,7 @@ async def refresh(m: GatewayMetrics, rt: Runtime, epp: bool = True) -> dict[str,
         if backend.lifecycle is not None:
             m.set_model_state(backend.model_id, backend.lifecycle.state.value, (st.value for st in State))
         m.queue_waiting.labels(backend.model_id).set(backend.waiting)
+        refresh_tiers(m, backend)
         m.running.labels(backend.model_id).set(backend.running)
         health = await backend.health()
         ready[backend.model_id] = health.ready
@@ -156,6 +159,7 @@ def summarize(m: GatewayMetrics, rt: Runtime, ready: dict[str, bool]) -> dict[st
             "slots": backend.slots,
             "max_queue": backend.max_queue,
             "routing": backend.routing.model_dump(include={"balance", "affinity", "load_factor"}),
+            "scheduler": _scheduler(m, backend),
             "replicas": [replica.status() for replica in backend.replicas],
             **(_lifecycle(backend.lifecycle.view()) if backend.lifecycle is not None else {}),
         }
@@ -164,6 +168,21 @@ def summarize(m: GatewayMetrics, rt: Runtime, ready: dict[str, bool]) -> dict[st
         overhead["sum"] += _samples(m.overhead, "enginegate_overhead_seconds_sum", route=route)
         overhead["count"] += _samples(m.overhead, "enginegate_overhead_seconds_count", route=route)
     return {"time": time.time(), "uptime_seconds": time.time() - m.started_at, "models": models, "overhead_seconds": overhead}
+
+
+def _scheduler(m: GatewayMetrics, backend: Backend) -> dict[str, Any]:
+    """The scheduler's view of a model: its policy, who waits by tier, refusals by reason, waits by tier."""
+    mid = backend.model_id
+    wait = {tier: {"sum": _samples(m.tier_queue_wait, "enginegate_scheduler_queue_wait_seconds_sum", model=mid, service_tier=tier),
+                   "count": _samples(m.tier_queue_wait, "enginegate_scheduler_queue_wait_seconds_count", model=mid, service_tier=tier)}
+            for tier in TIERS}
+    return {
+        "policy": backend.replicas[0].admission.policy.policy if backend.replicas else "fair",
+        "waiting": refresh_tiers(m, backend),
+        "refusals": {reason: _samples(m.refusals, "enginegate_scheduler_refusals_total", model=mid, reason=reason)
+                     for reason in REFUSAL_REASONS},
+        "queue_wait_seconds": wait,
+    }
 
 
 def _lifecycle(view: dict[str, Any]) -> dict[str, Any]:

@@ -31,9 +31,11 @@ from gateway.api.validate import check_output_limits
 from gateway.drain import SHUTTING_DOWN, Drain
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.api.fanout import Call
-from gateway.routing import Backend, Lease, ModelUnavailable, QueueFull, Replica, RouteKey
+from gateway.api.scheduling import observe_wait, refused, request_demand, with_engine_priority
+from gateway.routing import Backend, DeadlineExceeded, Lease, ModelUnavailable, QueueFull, Refusal, Replica, RouteKey
 from gateway.routing.health import is_retryable
 from gateway.routing.route_key import route_key
+from gateway.scheduling import Demand
 from gateway.runtime import Runtime
 from gateway.tenancy import middleware as tenancy
 from gateway.tenancy.service import Refused
@@ -193,15 +195,18 @@ async def reserve_limits(request: Request, backend: Backend, body: dict[str, Any
 
 
 async def admit(request: Request, backend: Backend, route: RouteKey | None = None,
-                exclude: Collection[Replica] = ()) -> Lease:
+                exclude: Collection[Replica] = (), demand: Demand | None = None) -> Lease:
     """Wait for the model to be loaded and a free engine slot on one of its replicas.
 
-    A full queue answers 429; a model that cannot be loaded now (memory held by pinned or busy
+    A full queue answers 429 (to the client the scheduler refuses), a deadline that passes while
+    queued 504; a model that cannot be loaded now (memory held by pinned or busy
     models, its engines failed, the load timed out) answers 503 with Retry-After and the reason."""
     m = metrics(request)
     started = time.perf_counter()
     try:
-        lease = await backend.acquire(route, exclude=exclude)
+        lease = await backend.acquire(route, exclude=exclude, demand=demand)
+    except (Refusal, DeadlineExceeded) as exc:
+        raise refused(m, backend, exc, runtime(request).settings.retry_after_seconds) from exc
     except ModelUnavailable as exc:
         m.rejected.labels(backend.model_id).inc()
         raise APIError(503, exc.reason, code=exc.code, headers={"Retry-After": str(exc.retry_after)}) from exc
@@ -211,6 +216,7 @@ async def admit(request: Request, backend: Backend, route: RouteKey | None = Non
         raise APIError(429, f"model `{backend.model_id}` is busy: {exc}", code="queue_full", headers={"Retry-After": retry_after}) from exc
     waited = time.perf_counter() - started
     m.queue_wait.labels(backend.model_id).observe(waited)
+    observe_wait(m, backend, demand, waited)
     m.routing_decisions.labels(backend.model_id, lease.replica.name, lease.reason or "least_outstanding").inc()
     request_timing(request.scope).queued += waited
     return lease
@@ -239,8 +245,9 @@ async def generate(
     m = metrics(request)
     drain = request.app.state.drain
     run = call or (lambda adapter: lambda b, c: OPERATIONS[operation](adapter, b, c))
+    demand = request_demand(request, body)  # a header it cannot read is the client's 400, before any limit is spent
     ticket = await reserve_limits(request, backend, body)
-    work = _admitted_call(request, backend, run, body, ctx, request_route(request, backend, body))
+    work = _admitted_call(request, backend, run, body, ctx, request_route(request, backend, body), demand)
     try:
         with drain.guard():
             try:
@@ -278,6 +285,7 @@ async def _admitted_call(
     body: dict[str, Any],
     ctx: RequestContext,
     route: RouteKey | None = None,
+    demand: Demand | None = None,
 ) -> tuple[Lease, ChatResult]:
     """Wait for a slot, then run the operation on the leased replica; the lease is the caller's to release on success.
 
@@ -285,10 +293,10 @@ async def _admitted_call(
     another replica, up to `routing.max_retries` times: nothing has reached the client yet."""
     tried: list[Replica] = []
     while True:
-        lease = await admit(request, backend, route, exclude=tried)
+        lease = await admit(request, backend, route, exclude=tried, demand=demand)
         try:
             with request_timing(request.scope).upstream_span():
-                return lease, await operation(lease.adapter)(body, ctx)
+                return lease, await operation(lease.adapter)(with_engine_priority(body, lease, demand), ctx)
         except BaseException as exc:
             lease.release(exc)
             tried.append(lease.replica)
@@ -343,6 +351,7 @@ async def _sse(
                     now = time.perf_counter()
                     if first_at is None:
                         first_at = now
+                        lease.prefilled()
                         m.ttft.labels(backend.model_id, backend.engine).observe(first_at - arrived)
                     else:
                         m.itl.labels(backend.model_id, backend.engine).observe(now - last_at)

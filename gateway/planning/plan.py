@@ -319,6 +319,19 @@ def _gpu_selection(engine: str, cap: Capacity, lay: Layout, snapshot: HardwareSn
     return {"env": {var: ",".join(map(str, cap.gpus))}}
 
 
+def _priority_classes(engine: str, w: Workload, options: dict[str, Any]) -> list[str]:
+    """A workload with priority classes: the engine's priority scheduling, where it has one (with the reason)."""
+    if not w.priority_classes:
+        return []
+    wanted = registry.spec(engine).priority_options
+    if not wanted:
+        return [f"{engine} has no priority scheduling: the gateway's queue order is the only lever for service tiers"]
+    options.update(wanted)
+    shown = " ".join(f"{k}={v}" for k, v in wanted.items())
+    return [f"the workload has priority classes: {engine} schedules by each request's priority ({shown}); "
+            f"the gateway sends priority 0, default 1, flex 2"]
+
+
 def _choose_engine(
     book: RuleBook, profile: Profile, ranked: list[Candidate], check: Installed
 ) -> tuple[Candidate | None, list[Rejection], list[Candidate]]:
@@ -442,6 +455,7 @@ def plan(
         cap = cap.model_copy(update={"gpus": used, "free_gpus": tuple(g.index for g in gpus if g.index not in used)})
     options = engine_options(serve_as or chosen.engine, lay)
     options.update(_gpu_selection(chosen.engine, cap, lay, snapshot))
+    reasons += _priority_classes(serve_as or chosen.engine, w, options)
     mode = serve_as
     if mode == "llama_server":
         tokens = max(w.concurrency * min(typical, context), context)

@@ -41,6 +41,9 @@ class Workload(BaseModel):
     """The KV cache's element type the capacity arithmetic assumes."""
     decode_tokens_per_s: float | None = Field(default=None, gt=0)
     """Per-sequence decode rate the traffic needs; null: 10 tokens/s (a little faster than people read)."""
+    priority_classes: bool = False
+    """Requests carry service tiers (priority, default, flex) that the engine should schedule by, where it can
+    (vLLM: `--scheduling-policy priority`, each request's tier sent as `priority`)."""
 
 
 class Profile(BaseModel):

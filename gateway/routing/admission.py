@@ -1,10 +1,13 @@
-"""Per-replica admission: the engine's concurrent generations and a bounded wait queue.
+"""Per-replica admission: the engine's concurrent generations and the scheduler that orders the wait.
 
-Concurrency rule: `acquire()`/`release()`/`resize()` run on the event loop only. A request that
-finds every slot busy and `max_queue` requests already waiting is refused at once with
-`QueueFull` (the API answers 429 with Retry-After); otherwise it waits its turn in FIFO order.
-`concurrency=None` is no gateway cap at all (an external URL that queues on its own);
-`resize()` follows the capacity the engine reports after it started (llama-server's slots).
+Concurrency rule: `acquire()`/`release()`/`prefilled()`/`resize()` run on the event loop only.
+A request starts at once when a slot is free and the scheduler lets it (gateway/scheduling:
+tiers, flows, newcomer slots, prefill budget); otherwise it waits in the replica's `FairQueue`,
+which decides who goes next and whom a full queue refuses (`Refused`, a `QueueFull`: the API
+answers 429 with Retry-After). A waiter whose deadline passes leaves with `DeadlineExceeded`
+(504); one whose client gives up (its task is cancelled) leaves at once. `concurrency=None` is
+no gateway cap at all (an external URL that queues on its own); `resize()` follows the capacity
+the engine reports after it started (llama-server's slots).
 """
 
 from __future__ import annotations
@@ -13,69 +16,208 @@ import asyncio
 import collections
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from gateway.config import SchedulerConfig
+from gateway.identity import ServiceTier
+from gateway.scheduling import Demand, FairQueue, Refused, Waiter
+
+NEWCOMER_RATIO = 4
+"""Newcomer slots are kept only on replicas with at least this many slots per newcomer slot."""
 
 
 class QueueFull(Exception):
     pass
 
 
+class Refusal(QueueFull):
+    """The scheduler refused the request (or displaced it from the queue); `reason` names the rule."""
+
+    def __init__(self, refused: Refused) -> None:
+        super().__init__(str(refused))
+        self.reason = refused.reason
+
+
+class DeadlineExceeded(Exception):
+    """The request's deadline passed while it waited for a slot."""
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One admitted request's hold on a slot (what `release` and `prefilled` are given)."""
+
+    demand: Demand = field(default_factory=Demand)
+    prefilling: bool = False
+    waited: float = 0.0
+    """Seconds it spent in the queue."""
+
+
 class Admission:
-    def __init__(self, concurrency: int | None = 1, max_queue: int = 16) -> None:
+    def __init__(self, concurrency: int | None = 1, max_queue: int = 16, policy: SchedulerConfig | None = None) -> None:
         self.concurrency = concurrency
         self.max_queue = max_queue
+        self.policy = policy or SchedulerConfig()
         self.running = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.prefill_tokens = 0
+        self._running_by_flow: collections.Counter[str] = collections.Counter()
+        self._seen: dict[str, float] = {}
+        """Each recent flow's last arrival (loop time): newcomer slots are kept only when several share."""
+        self._shared = False
+        fair = self.fair  # under fifo every request is one flow of one tier: no per-flow bound, no aging
+        self._queue = FairQueue(max_queue, self.policy.max_queue_per_flow if fair else None,
+                                self.policy.aging_seconds if fair else None)
+
+    @property
+    def fair(self) -> bool:
+        return self.policy.policy == "fair"
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return len(self._queue)
+
+    def waiting_by_tier(self) -> dict[ServiceTier, int]:
+        return self._queue.waiting_by_tier()
 
     @property
     def free(self) -> bool:
-        """A request arriving now would start at once."""
-        return self.concurrency is None or (self.running < self.concurrency and not self._waiters)
+        """A request arriving now would start at once (a newcomer; a busy flow may find its slots reserved)."""
+        return self.concurrency is None or (self.running < self.concurrency and not self._queue)
 
     @property
     def full(self) -> bool:
-        """A request arriving now would be refused."""
+        """The queue is at its bound (an arrival displaces a waiter or is refused)."""
         return not self.free and self.waiting >= self.max_queue
 
-    async def acquire(self) -> None:
-        if self.free:
-            self.running += 1
-            return
-        if self.waiting >= self.max_queue:
-            raise QueueFull(f"{self.running} running and {self.waiting} waiting (queue limit {self.max_queue})")
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter  # release() counts us as running before it wakes us
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # woken and cancelled at once: hand the slot on
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
-            raise
+    def can_start(self, demand: Demand) -> bool:
+        """A slot is free for this request now: the replica's cap, the newcomer slots, the prefill budget."""
+        if self.concurrency is None:
+            return True
+        if self.running >= self.concurrency:
+            return False
+        if not self.fair:
+            return True
+        reserved = self.policy.newcomer_slots
+        if reserved and self._shared and self.concurrency >= NEWCOMER_RATIO * reserved \
+                and self.running >= self.concurrency - reserved \
+                and self._running_by_flow[demand.flow] >= self.concurrency / len(self._seen):
+            return False  # the kept slots are for flows below their share of the slots (a newcomer has none)
+        budget = self.policy.prefill_budget_tokens
+        return not (budget and self.prefill_tokens > 0 and self.prefill_tokens + demand.prompt_tokens > budget)
 
-    def release(self) -> None:
-        self.running -= 1
+    async def acquire(self, demand: Demand | None = None) -> Ticket:
+        loop = asyncio.get_running_loop()
+        ticket = Ticket(self._keyed(demand or Demand()))
+        now = loop.time()
+        self._arrived(ticket.demand.flow, now)
+        if ticket.demand.deadline is not None and ticket.demand.deadline <= now:
+            raise DeadlineExceeded("the request's deadline passed before it could be admitted")
+        if not self._queue and self.can_start(ticket.demand):
+            self._start(ticket)
+            return ticket
+        future: asyncio.Future[None] = loop.create_future()
+        try:
+            waiter, displaced = self._queue.push(ticket.demand, now, (future, ticket))
+        except Refused as exc:
+            raise Refusal(exc) from None
+        if displaced is not None:
+            self._refuse(displaced, Refused(self._queue.reason_displaced(displaced, ticket.demand),
+                                            "a request of a higher class or a less busy client took its place in the queue"))
+        deadline = ticket.demand.deadline
+        timer = loop.call_at(deadline, self._expire, waiter) if deadline is not None else None
         self._wake()
+        try:
+            await future  # _wake counts us as running before it wakes us
+        except BaseException:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(ticket)  # woken and cancelled at once: hand the slot on
+            else:
+                self._queue.remove(waiter)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        ticket.waited = loop.time() - now
+        return ticket
+
+    def release(self, ticket: Ticket | None = None) -> None:
+        ticket = ticket or Ticket(self._keyed(Demand()))
+        self.running -= 1
+        flow = ticket.demand.flow
+        self._running_by_flow[flow] -= 1
+        if self._running_by_flow[flow] <= 0:
+            del self._running_by_flow[flow]
+        self._end_prefill(ticket)
+        self._wake()
+
+    def prefilled(self, ticket: Ticket) -> None:
+        """The request's first token came: its prompt no longer counts against the prefill budget."""
+        if ticket.prefilling:
+            self._end_prefill(ticket)
+            self._wake()
 
     def resize(self, concurrency: int | None) -> None:
         self.concurrency = concurrency
         self._wake()
 
+    def _arrived(self, flow: str, now: float) -> None:
+        """Note the flow's arrival; `_shared`: more than one flow used this replica within the window."""
+        if not (self.fair and self.policy.newcomer_slots):
+            return
+        self._seen.pop(flow, None)
+        self._seen[flow] = now  # insertion order is arrival order: the oldest first
+        horizon = now - self.policy.flow_window_seconds
+        while self._seen and next(iter(self._seen.values())) < horizon:
+            del self._seen[next(iter(self._seen))]
+        self._shared = len(self._seen) > 1
+
+    def _keyed(self, demand: Demand) -> Demand:
+        """Under fifo every request is one flow of one tier (its deadline still holds)."""
+        return demand if self.fair else Demand(prompt_tokens=demand.prompt_tokens, deadline=demand.deadline)
+
+    def _start(self, ticket: Ticket) -> None:
+        self.running += 1
+        self._running_by_flow[ticket.demand.flow] += 1
+        if ticket.demand.prompt_tokens:
+            ticket.prefilling = True
+            self.prefill_tokens += ticket.demand.prompt_tokens
+
+    def _end_prefill(self, ticket: Ticket) -> None:
+        if ticket.prefilling:
+            ticket.prefilling = False
+            self.prefill_tokens -= ticket.demand.prompt_tokens
+
     def _wake(self) -> None:
-        while self._waiters and (self.concurrency is None or self.running < self.concurrency):
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self.running += 1
-                waiter.set_result(None)
+        now = asyncio.get_running_loop().time() if self._queue else 0.0
+        while self._queue:
+            waiter = self._queue.pop(now, self.can_start)
+            if waiter is None:
+                return
+            future, ticket = _parts(waiter)
+            if not future.done():
+                self._start(ticket)
+                future.set_result(None)
+
+    def _expire(self, waiter: Waiter) -> None:
+        if self._queue.remove(waiter):
+            future, _ = _parts(waiter)
+            if not future.done():
+                future.set_exception(DeadlineExceeded("the request's deadline passed while it waited for a slot"))
+            self._wake()
+
+    def _refuse(self, waiter: Waiter, refused: Refused) -> None:
+        future, _ = _parts(waiter)
+        if not future.done():
+            future.set_exception(Refusal(refused))
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        await self.acquire()
+    async def slot(self, demand: Demand | None = None) -> AsyncIterator[Ticket]:
+        ticket = await self.acquire(demand)
         try:
-            yield
+            yield ticket
         finally:
-            self.release()
+            self.release(ticket)
+
+
+def _parts(waiter: Waiter) -> tuple[asyncio.Future[None], Ticket]:
+    future, ticket = waiter.token  # type: ignore[misc]
+    return future, ticket

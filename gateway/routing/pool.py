@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from adapters.base import Adapter
-from gateway.routing.admission import Admission
+from gateway.routing.admission import Admission, Ticket
 from gateway.routing.balancer import Candidate
 from gateway.routing.health import Breaker, is_failure
 
@@ -94,6 +94,8 @@ class Lease:
 
     replica: Replica
     reason: str = ""
+    ticket: Ticket | None = None
+    """Its admission's hold (flow, prefill budget)."""
     """Why the balancer chose this replica (a label of enginegate_routing_decisions)."""
     on_release: Callable[[], None] | None = None
     """The lifecycle's in-flight count for the model (it is not evicted while a lease is held)."""
@@ -103,12 +105,17 @@ class Lease:
     def adapter(self) -> Adapter:
         return self.replica.adapter
 
+    def prefilled(self) -> None:
+        """Its first token came (the prefill budget frees its prompt)."""
+        if self.ticket is not None and not self.released:
+            self.replica.admission.prefilled(self.ticket)
+
     def release(self, error: BaseException | None = None) -> None:
         if self.released:
             return
         self.released = True
         replica = self.replica
-        replica.admission.release()
+        replica.admission.release(self.ticket)
         replica.breaker.record(error)
         if error is None:
             replica.served += 1

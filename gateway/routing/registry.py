@@ -17,6 +17,7 @@ from gateway.routing.balancer import Balancer
 from gateway.routing.health import BreakerState
 from gateway.routing.monitor import HealthMonitor, follow_capacity
 from gateway.routing.pool import Lease, Replica, RouteKey
+from gateway.scheduling import Demand
 
 if TYPE_CHECKING:
     from gateway.routing.lifecycle import EngineChoice, Lifecycles, ModelLifecycle
@@ -103,16 +104,19 @@ class Backend:
             return None
         return route.session if self.routing.affinity == "session" else route.prefix
 
-    async def acquire(self, route: RouteKey | None = None, exclude: Collection[Replica] = ()) -> Lease:
+    async def acquire(self, route: RouteKey | None = None, exclude: Collection[Replica] = (),
+                      demand: Demand | None = None) -> Lease:
         """Make sure the model is loaded (the lifecycle: ModelUnavailable when it cannot be now), then
-        wait for a slot on a replica that can serve the request (QueueFull when none can take it).
+        wait for a slot on a replica that can serve the request (QueueFull when none can take it;
+        DeadlineExceeded when its deadline passes while it waits).
 
-        `exclude`: replicas this request already failed on (a retry goes elsewhere while it can)."""
+        `exclude`: replicas this request already failed on (a retry goes elsewhere while it can);
+        `demand`: what the scheduler orders it by (flow, tier, weight, prompt, deadline)."""
         done = None
         if self.lifecycle is not None and self.lifecycles is not None:
             done = await self.lifecycles.acquire(self.lifecycle)
         try:
-            lease = await self._lease(route, exclude)
+            lease = await self._lease(route, exclude, demand)
         except BaseException:
             if done is not None:
                 done()
@@ -126,7 +130,7 @@ class Backend:
         self.adapter, self.admission = self.replicas[0].adapter, self.replicas[0].admission
         self.plan = choice.plan
 
-    async def _lease(self, route: RouteKey | None, exclude: Collection[Replica]) -> Lease:
+    async def _lease(self, route: RouteKey | None, exclude: Collection[Replica], demand: Demand | None) -> Lease:
         """The replica's choice and its admission (see acquire)."""
         key = self.route_key(route)
         for attempt in range(len(self.replicas) + 1):
@@ -144,16 +148,16 @@ class Backend:
                     reason = "affinity_spill"
             probe = replica.breaker.dispatched()  # before any wait: one trial request at a time
             try:
-                await replica.admission.acquire()
+                ticket = await replica.admission.acquire(demand)
             except BaseException:
                 replica.breaker.undispatched(probe)
                 raise
             if attempt < len(self.replicas) and replica.down() and any(not r.down() for r in pool):
                 replica.breaker.undispatched(probe)
-                replica.admission.release()  # it died while we waited for its slot: choose again
+                replica.admission.release(ticket)  # it died while we waited for its slot: choose again
                 continue
             break
-        return Lease(replica, reason)
+        return Lease(replica, reason, ticket)
 
     @staticmethod
     def _roomier(pool: list[Replica], chosen: Replica) -> Replica:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import Adapter
-from gateway.config import ModelConfig
+from gateway.config import ModelConfig, SchedulerConfig
 from gateway.routing import capacity
 from gateway.routing.admission import Admission
 from gateway.routing.health import Breaker
@@ -62,7 +62,8 @@ def instances(config: ModelConfig, engine: str, options: Mapping[str, Any], user
     return found
 
 
-def admission_for(instance: Instance, default_concurrency: int, max_queue: int) -> tuple[Admission, str]:
+def admission_for(instance: Instance, default_concurrency: int, max_queue: int,
+                  policy: SchedulerConfig | None = None) -> tuple[Admission, str]:
     """The instance's admission and where its slot count came from."""
     slots = capacity.configured(instance.engine, instance.options, default_concurrency, instance.user)
     if instance.user.get("max_concurrency"):
@@ -73,7 +74,7 @@ def admission_for(instance: Instance, default_concurrency: int, max_queue: int) 
         source = "none"
     else:
         source = "engine default"
-    return Admission(slots, max_queue), source
+    return Admission(slots, max_queue, policy), source
 
 
 def build(found: list[Instance], create: Callable[[Instance], Adapter], config: ModelConfig) -> list[Replica]:
@@ -81,7 +82,7 @@ def build(found: list[Instance], create: Callable[[Instance], Adapter], config: 
     replicas: list[Replica] = []
     for n, instance in enumerate(found):
         adapter = create(instance)
-        admission, source = admission_for(instance, adapter.default_concurrency, config.max_queue)
+        admission, source = admission_for(instance, adapter.default_concurrency, config.max_queue, config.scheduler)
         replicas.append(Replica(adapter, admission, name=str(n), capacity_from=source,
                                 breaker=Breaker(routing.failure_threshold, routing.open_seconds)))
     return replicas

@@ -94,6 +94,14 @@ function replicaRow(model, r) {
   return tr;
 }
 
+function schedulerText(s) {
+  // who waits by tier and what the scheduler refused, by reason (only what is not zero)
+  if (!s) return "";
+  const nonzero = (o) => Object.entries(o || {}).filter(([, n]) => n > 0).map(([k, n]) => `${k} ${n}`);
+  const waiting = nonzero(s.waiting), refused = nonzero(s.refusals);
+  return (waiting.length ? " · " + waiting.join(", ") : "") + (refused.length ? " · refused: " + refused.join(", ") : "");
+}
+
 function renderModels(stats, ready) {
   const rows = [];
   for (const [id, m] of Object.entries(stats.models)) {
@@ -103,7 +111,7 @@ function renderModels(stats, ready) {
     // A model not loaded yet is not "not ready": it loads on its first request.
     const state = m.state && m.state !== "loaded" ? m.state + (m.reason ? ": " + m.reason : "") : (isReady ? "ready" : "not ready");
     const fellBack = (m.fallbacks || []).map((f) => "fell back from " + f.engine + ": " + f.reason);
-    const cells = [id, m.engine, state, `${m.running} / ${m.slots ?? "no cap"}`, `${m.waiting} / ${m.max_queue}`,
+    const cells = [id, m.engine, state, `${m.running} / ${m.slots ?? "no cap"}`, `${m.waiting} / ${m.max_queue}` + schedulerText(m.scheduler),
       [...fellBack, why(id)].filter(Boolean).join("; ")];
     cells.forEach((text, i) => {
       const td = document.createElement("td");

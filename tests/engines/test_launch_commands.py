@@ -194,3 +194,9 @@ def test_data_parallel_replicas_reach_vllm_and_sglang() -> None:
     sgl = sglang_argv(MODEL, "llama", opts, EP)
     assert vllm[vllm.index("--data-parallel-size") + 1] == "2" and sgl[sgl.index("--dp-size") + 1] == "2"
     assert "--data-parallel-size" not in vllm_argv(MODEL, "llama", launch_options({"python": PY}), EP)
+
+
+def test_vllm_scheduling_policy_flag() -> None:
+    argv = vllm_argv(MODEL, "llama", launch_options(SINGLE), NO_KEY, scheduling_policy="priority")
+    assert argv[argv.index("--scheduling-policy") + 1] == "priority"
+    assert "--scheduling-policy" not in vllm_argv(MODEL, "llama", launch_options(SINGLE), NO_KEY)

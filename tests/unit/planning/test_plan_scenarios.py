@@ -294,3 +294,14 @@ def test_a_model_larger_than_ram_but_not_than_ram_plus_vram_is_split() -> None:
     assert p.engine == "llamacpp"
     assert p.capacity and p.capacity.fit == "system" and p.capacity.memory == "split"
     assert 0 < p.options["gpu_layers"] < 80
+
+
+@pytest.mark.parametrize(("engine", "policy"), [("vllm", "priority"), ("llamacpp", None)])
+def test_priority_classes_set_the_engines_priority_scheduling_where_it_has_one(engine: str, policy: str | None) -> None:
+    classes = Workload(priority_classes=True)
+    p = plan(host("build-machine"), model("smollm2"), classes, requested_engine=engine, installed=ALL)
+    assert p.options.get("scheduling_policy") == policy
+    reason = next(r for r in p.reasons if "priority" in r)
+    assert ("schedules by each request's priority" in reason) == (policy is not None)
+    plain = plan(host("build-machine"), model("smollm2"), Workload(), requested_engine=engine, installed=ALL)
+    assert "scheduling_policy" not in plain.options and not any("priority" in r for r in plain.reasons)

@@ -1,0 +1,66 @@
+"""The scheduler's side of the request flow: a request's demand, what its refusals answer, what
+the engine is told of its class, and the per-tier metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import Request
+
+from adapters import registry
+from adapters.server import ServerAdapter
+from gateway.api.errors import APIError
+from gateway.identity import caller_of
+from gateway.metrics import GatewayMetrics
+from gateway.routing import Backend, DeadlineExceeded, Lease, Refusal
+from gateway.scheduling import RANK, TIERS, Demand
+from gateway.scheduling.classify import DemandError, demand_for
+
+def request_demand(request: Request, body: dict[str, Any]) -> Demand:
+    """400 naming the header when a scheduling header is unreadable."""
+    client = request.client.host if request.client is not None else None
+    try:
+        return demand_for(body, request.headers, caller_of(request.scope), client,
+                          request.app.state.settings.flows, asyncio.get_running_loop().time())
+    except DemandError as exc:
+        raise APIError(400, str(exc), param=exc.header, code="invalid_header") from exc
+
+
+def refused(m: GatewayMetrics, backend: Backend, exc: Refusal | DeadlineExceeded, retry_after: int) -> APIError:
+    """A scheduler refusal as the API's error: 429 to the sender (queue bounds), 504 (deadline)."""
+    if isinstance(exc, DeadlineExceeded):
+        m.refusals.labels(backend.model_id, "deadline").inc()
+        return APIError(504, f"model `{backend.model_id}`: {exc}", code="deadline_exceeded")
+    m.refusals.labels(backend.model_id, exc.reason).inc()
+    m.rejected.labels(backend.model_id).inc()
+    return APIError(429, f"model `{backend.model_id}` is busy: {exc}", code="queue_full",
+                    headers={"Retry-After": str(retry_after)})
+
+
+def observe_wait(m: GatewayMetrics, backend: Backend, demand: Demand | None, waited: float) -> None:
+    m.tier_queue_wait.labels(backend.model_id, demand.tier if demand is not None else "default").observe(waited)
+
+
+def with_engine_priority(body: dict[str, Any], lease: Lease, demand: Demand | None) -> dict[str, Any]:
+    """The request's tier as the engine's `priority` (priority 0, default 1, flex 2) when the engine runs
+    with its spec's `priority_options` (vLLM: `--scheduling-policy priority`, set by the plan for a workload
+    with priority classes, or by the user); a `priority` the client sent itself is kept."""
+    adapter = lease.adapter
+    if demand is None or "priority" in body or not isinstance(adapter, ServerAdapter):
+        return body
+    wanted = registry.spec(adapter.engine).priority_options
+    if not wanted or any(adapter.options.get(k) != v for k, v in wanted.items()):
+        return body
+    return {**body, "priority": RANK[demand.tier]}
+
+
+def refresh_tiers(m: GatewayMetrics, backend: Backend) -> dict[str, int]:
+    """Set the per-tier queue gauges; returns the counts (for the stats and the status page)."""
+    counts = dict.fromkeys(TIERS, 0)
+    for replica in backend.replicas:
+        for tier, n in replica.admission.waiting_by_tier().items():
+            counts[tier] += n
+    for tier, n in counts.items():
+        m.tier_waiting.labels(backend.model_id, tier).set(n)
+    return counts
