@@ -147,3 +147,25 @@ async def test_sigterm_serves_queued_requests_by_tier_within_the_grace(upstream:
     assert long_run.status == 200  # the endless stream was ended at the grace's end (an error event, then the end)
     assert "drain grace over: ending 1 request(s)" in log and "Traceback" not in log
 
+
+
+async def test_keys_are_the_flows_and_a_header_cannot_borrow_another_tenants_share(upstream: RunningEmulator) -> None:
+    """Tenancy (issue 22) meets scheduling (23): with keys, the flow is the key's name, so team A's
+    burst, even sent with team B's flow header, is refused to team A, and team B is served at once."""
+    keys = ("api_keys:\n  - {key: key-team-a, name: team-a}\n  - {key: key-team-b, name: team-b}\n"
+            "  - {key: key-admin, name: ops, role: admin}\n")
+    as_a = {"Authorization": "Bearer key-team-a", FLOW: "team-b"}  # the header is ignored for a keyed caller
+    as_b = {"Authorization": "Bearer key-team-b"}
+    with gateway(config_yaml=keys + config(upstream)) as gw:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as http:
+            await stream(http, gw.url, chat("flood", 2), as_b)  # B used the gateway before
+            a = [asyncio.create_task(stream(http, gw.url, chat("flood", 50), as_a)) for _ in range(40)]
+            await asyncio.sleep(0.5)
+            b = await stream(http, gw.url, chat("flood", 5), as_b)
+            flood = await asyncio.gather(*a)
+            text = (await http.get(gw.url + "/metrics", headers={"Authorization": "Bearer key-admin"})).text
+    served = [o for o in flood if o.status == 200]
+    assert b.status == 200 and b.first is not None
+    assert not [o for o in served if o.first is not None and b.sent < o.first < b.first and o.sent < b.sent - 0.4]
+    assert metric(text, "enginegate_scheduler_refusals_total", model="flood", reason="flow_share") == 1
+    assert metric(text, "enginegate_scheduler_refusals_total", model="flood", reason="queue_full") == 40 - len(served) - 1
