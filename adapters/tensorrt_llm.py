@@ -19,7 +19,7 @@ import yaml
 
 from adapters.base import Capabilities
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchOptions, flag, flag_if_not_default, server_layout_options
+from adapters.launch import LaunchOptions, flag, flag_if_not_default, server_feature_options, server_layout_options
 from adapters.process import Endpoint, Launch
 from adapters.spec import EngineSpec, ServerSpec
 
@@ -40,6 +40,23 @@ def extra_options(opts: LaunchOptions) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if opts.kv_cache_dtype:
         extra["kv_cache_config"] = {"dtype": opts.kv_cache_dtype}
+    speculative = opts.speculative_config
+    if speculative:
+        method = str(speculative.get("method") or "draft_model")
+        tokens = int(speculative.get("num_speculative_tokens") or 1)
+        if method == "ngram":
+            extra["speculative_config"] = {"decoding_type": "NGram", "max_draft_len": tokens,
+                                           "max_matching_ngram_size": int(speculative.get("prompt_lookup_max") or 2)}
+        elif method == "mtp":
+            extra["speculative_config"] = {"decoding_type": "MTP", "num_nextn_predict_layers": tokens}
+        else:
+            extra["speculative_config"] = {"decoding_type": "Eagle" if method.startswith("eagle") else "DraftTarget",
+                                           "max_draft_len": tokens, "speculative_model_dir": speculative.get("model")}
+    if opts.prefix_caching is not None:
+        extra.setdefault("kv_cache_config", {})["enable_block_reuse"] = opts.prefix_caching
+    if opts.max_batched_tokens is not None:
+        extra["enable_chunked_prefill"] = True
+        extra["max_num_tokens"] = opts.max_batched_tokens
     if opts.metrics:
         extra["return_perf_metrics"] = True
         extra["enable_iter_perf_stats"] = True
@@ -91,6 +108,8 @@ SPEC = EngineSpec(
                   "or run the container nvcr.io/nvidia/tensorrt-llm/release"),
     programs=(PROGRAM,),
     layout_options=server_layout_options,
+    feature_options=server_feature_options,
+    speculation=("ngram", "mtp"),
     default_concurrency=64,
     container_image="nvcr.io/nvidia/tensorrt-llm/release:latest",
     server=ServerSpec(

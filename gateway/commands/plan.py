@@ -31,10 +31,12 @@ def describe(p: Plan) -> str:
     lines = [f"engine   {p.engine}" + ("" if p.installed else "  (not installed)")]
     lines += [f"options  {k}={v}" for k, v in p.options.items()]
     lines += [f"why      {r}" for r in p.reasons]
+    lines += [f"feature  {f.describe()}" for f in p.features]
     lines += _figures(p)
     lines += _measured(p)
     lines += [f"warning  {w}" for w in p.warnings]
     lines += [f"assumed  {a}" for a in p.assumed]
+    lines += [f"note     {n}" for n in p.notes]
     failed = {r.engine for r in p.rejected}
     lines += [
         f"ranked   {c.rank}. {c.engine} [rule: {c.rule}]" + (" -> rejected below" if c.engine in failed else "")

@@ -18,7 +18,10 @@ from gateway.planning.capacity import (
     max_context,
     paged_kv_bytes,
 )
+from gateway.planning import features
 from gateway.planning.explain import explain, gb, memory_figures
+from gateway.planning.features import FeatureDecision
+from gateway.planning.formats import format_advice
 from gateway.planning.gpu_count import choose_gpus
 from gateway.planning.installed import Installed, is_installed
 from gateway.planning.measured import Calibration, Measured
@@ -28,7 +31,7 @@ from gateway.planning.pools import GPU_MEMORY_FRACTION, fast_pools, host_gpus, p
 from gateway.planning.selection import Candidate, Rejection, RuleBook, load_rules, rank, violations
 from gateway.planning.specs import ModelSpec
 from gateway.planning.speed import slow_warning
-from gateway.planning.unknowns import host_unknowns, model_unknowns
+from gateway.planning.unknowns import host_unknowns, model_unknowns, unused_accelerators
 from gateway.planning.workload import Accelerator, Interconnect, Profile, Workload, heaviness
 
 DEFAULT_CONTEXT = 4096
@@ -59,6 +62,10 @@ class Plan(BaseModel):
     """The `enginegate tune` record that matched this host, model and workload (see gateway/tuning)."""
     calibration: Calibration | None = None
     """Speed predictions scaled by this host's tune records for the plan's engine (capacity holds the result)."""
+    features: tuple[FeatureDecision, ...] = ()
+    """The engine's own speed-ups (speculation, KV cache type, prefix and prompt caches, batching), each with its reason."""
+    notes: tuple[str, ...] = ()
+    """What the host has that this plan does not use (accelerators with no probe or engine)."""
 
     def summary(self) -> str:
         return f"{self.engine}: {self.reasons[0]}" if self.reasons else self.engine
@@ -334,19 +341,18 @@ def _choose_engine(
     return None, rejected, not_installed
 
 
-def plan(
+def _plan(
     snapshot: HardwareSnapshot,
     spec: ModelSpec,
-    workload: Workload | None = None,
-    requested_engine: str = "auto",
-    installed: Installed | None = None,
-    rules: RuleBook | Path | None = None,
+    w: Workload,
+    requested_engine: str,
+    installed: Installed | None,
+    rules: RuleBook | Path | None,
 ) -> Plan:
     # An engine run as another mode of a planned engine (llama_server of llamacpp) is planned as that one.
     planned_as = registry.spec(requested_engine).plans_as if requested_engine != "auto" else None
     mode = requested_engine if planned_as else None
     requested_engine = planned_as or requested_engine
-    w = workload or Workload()
     base_check = installed or is_installed
 
     def check(engine: str) -> bool:
@@ -418,6 +424,9 @@ def plan(
             f"{w.concurrency} concurrent sequence(s) in {w.mode} use: llama-server with {w.concurrency} slots "
             "(the in-process adapter decodes one request at a time)"
         )
+    elif chosen.engine == "llamacpp" and mode is None and requested_engine == "auto" and features.speculation_pays(w):
+        serve_as = "llama_server"
+        reasons.append("outputs copy the prompt: llama-server, for its n-gram speculation (the in-process adapter has none)")
     sizing: KvSizing = "paged" if not _reserves_kv(chosen.engine) or serve_as == "llama_server" else "reserved"
     replicas = 1
     if not _reserves_kv(chosen.engine):
@@ -456,6 +465,15 @@ def plan(
     slow = slow_warning(spec, cap, chosen.engine, w.decode_tokens_per_s, snapshot, book, rejected)
     if slow:
         warnings.append(slow)
+    serving = mode or chosen.engine
+    on_gpu = profile.accelerator != "none" and lay.gpu_layers != 0
+    decisions, chosen_features = features.choose(serving, spec, w, profile, cap, _ram_free(snapshot, cap), on_gpu)
+    to_options = registry.spec(serving).feature_options
+    if to_options is not None:
+        options.update(to_options(chosen_features))
+    advice = format_advice(spec, snapshot, cap)
+    if advice:
+        warnings.append(advice)
     return Plan(
         engine=mode or chosen.engine,
         options=options,
@@ -470,4 +488,79 @@ def plan(
         rejected=tuple(rejected),
         capacity=cap,
         profile=profile,
+        features=tuple(decisions),
+        notes=tuple(unused_accelerators(snapshot)),
     )
+
+
+def _ram_free(snapshot: HardwareSnapshot, cap: Capacity) -> int | None:
+    """RAM the plan leaves free: all of it when the model lives in GPU memory, else what its need leaves."""
+    ram = system_pool(snapshot)
+    if not ram.known:
+        return None
+    used = cap.required_bytes if cap.memory in ("system", "split", "unified") else 0
+    return max(0, ram.usable_bytes - used)
+
+
+def plan(
+    snapshot: HardwareSnapshot,
+    spec: ModelSpec,
+    workload: Workload | None = None,
+    requested_engine: str = "auto",
+    installed: Installed | None = None,
+    rules: RuleBook | Path | None = None,
+) -> Plan:
+    """The plan; with the workload's KV type left open, fp16 unless fp16 KV limits what the workload asks."""
+    w = workload or Workload()
+    if w.kv_dtype is not None:
+        chosen = _plan(snapshot, spec, w, requested_engine, installed, rules)
+        return _with_kv(chosen, FeatureDecision(feature="kv_cache", choice=w.kv_dtype, reason="set in the workload"))
+    full = _plan(snapshot, spec, w.model_copy(update={"kv_dtype": "fp16"}), requested_engine, installed, rules)
+    limit = _kv_limit(full, w)
+    if limit is None:
+        why = "fp16 KV holds the context and the concurrency asked" if full.capacity and full.capacity.memory_known \
+            else "memory size unknown: nothing to gain known"
+        return _with_kv(full, FeatureDecision(feature="kv_cache", choice="fp16", reason=why))
+    quantized = registry.spec(full.engine).quantized_kv
+    if quantized is None:
+        return _with_kv(full, FeatureDecision(feature="kv_cache", choice="fp16",
+                                              reason=f"{limit}, but {full.engine} takes no quantised KV type"))
+    gpu = full.profile.min_compute_capability if full.profile else None
+    if quantized == "fp8" and (gpu is None or gpu < FP8_KV_MIN_COMPUTE_CAPABILITY):
+        where = f"compute capability {gpu}" if gpu is not None else "no NVIDIA GPU"
+        return _with_kv(full, FeatureDecision(
+            feature="kv_cache", choice="fp16",
+            reason=f"{limit}; fp8 KV needs Ada/Hopper or newer (compute capability 8.9+), this host has {where}"))
+    small = _plan(snapshot, spec, w.model_copy(update={"kv_dtype": quantized}), requested_engine, installed, rules)
+    if small.engine != full.engine or small.capacity is None or full.capacity is None:
+        return _with_kv(full, FeatureDecision(feature="kv_cache", choice="fp16",
+                                              reason=f"{limit}; {quantized} KV would change the engine: kept fp16"))
+    a, b = full.capacity, small.capacity
+    bought = (f"{quantized} KV holds {b.context_length} tokens of context (fp16: {a.context_length}) and "
+              f"{b.concurrency_at_typical} sequences of {b.sequence_tokens} tokens at once (fp16: {a.concurrency_at_typical})")
+    return _with_kv(small, FeatureDecision(
+        feature="kv_cache", choice=quantized,
+        reason=f"{limit}: {bought}; quantised KV costs a little accuracy (set kv_dtype: fp16 in the workload to keep it)"))
+
+
+FP8_KV_MIN_COMPUTE_CAPABILITY = 8.9
+"""fp8 KV caches run natively from Ada (8.9) and Hopper (9.0) on."""
+
+
+def _kv_limit(p: Plan, w: Workload) -> str | None:
+    """What fp16 KV costs this workload (the context lowered, sequences that do not fit), or None."""
+    cap = p.capacity
+    if cap is None or not cap.memory_known:
+        return None
+    lowered = next((x for x in p.warnings if x.startswith("context lowered from the trained")), None)
+    if lowered is not None:
+        return f"fp16 KV lowers the context to {cap.context_length} tokens"
+    if cap.fit == "none":
+        return f"fp16 KV does not fit ({gb(cap.required_bytes)} needed, {gb(cap.usable_bytes)} usable)"
+    if cap.concurrency_at_typical < w.concurrency:
+        return f"at fp16 only {cap.concurrency_at_typical} of the {w.concurrency} sequences asked fit at once"
+    return None
+
+
+def _with_kv(p: Plan, decision: FeatureDecision) -> Plan:
+    return p.model_copy(update={"features": (decision, *p.features)})

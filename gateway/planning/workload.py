@@ -32,7 +32,10 @@ class Workload(BaseModel):
     mode: Mode = "local"
     objective: Objective = "latency"
     nodes: int = Field(default=1, ge=1)
-    kv_dtype: KvDtype = "fp16"
+    kv_dtype: KvDtype | None = None
+    """KV cache element type; null: fp16, or q8_0 / fp8 where fp16 KV limits the context or concurrency asked."""
+    output_copies_prompt: bool = False
+    """Outputs repeat much of the prompt (edits, rewrites, refactors, extraction): n-gram speculation pays."""
     decode_tokens_per_s: float | None = Field(default=None, gt=0)
     """Per-sequence decode rate the traffic needs; null: 10 tokens/s (a little faster than people read)."""
 
