@@ -157,6 +157,7 @@ def summarize(m: GatewayMetrics, rt: Runtime, ready: dict[str, bool]) -> dict[st
             "max_queue": backend.max_queue,
             "routing": backend.routing.model_dump(include={"balance", "affinity", "load_factor"}),
             "replicas": [replica.status() for replica in backend.replicas],
+            "speculation": _speculation(m, mid, backend.engine),
             **(_lifecycle(backend.lifecycle.view()) if backend.lifecycle is not None else {}),
         }
     overhead = {"sum": 0.0, "count": 0.0}
@@ -164,6 +165,16 @@ def summarize(m: GatewayMetrics, rt: Runtime, ready: dict[str, bool]) -> dict[st
         overhead["sum"] += _samples(m.overhead, "enginegate_overhead_seconds_sum", route=route)
         overhead["count"] += _samples(m.overhead, "enginegate_overhead_seconds_count", route=route)
     return {"time": time.time(), "uptime_seconds": time.time() - m.started_at, "models": models, "overhead_seconds": overhead}
+
+
+def _speculation(m: GatewayMetrics, model: str, engine: str) -> dict[str, float] | None:
+    """The engine's drafted and accepted token counters (as last polled), or None when it never drafted."""
+    drafted = _samples(m.engine_gauges["draft_tokens_total"], "enginegate_engine_draft_tokens", model=model, engine=engine)
+    if not drafted:
+        return None
+    accepted = _samples(m.engine_gauges["draft_accepted_tokens_total"], "enginegate_engine_draft_accepted_tokens",
+                        model=model, engine=engine)
+    return {"drafted": drafted, "accepted": accepted, "acceptance": accepted / drafted}
 
 
 def _lifecycle(view: dict[str, Any]) -> dict[str, Any]:

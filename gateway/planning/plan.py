@@ -532,9 +532,11 @@ def plan(
             feature="kv_cache", choice="fp16",
             reason=f"{limit}; fp8 KV needs Ada/Hopper or newer (compute capability 8.9+), this host has {where}"))
     small = _plan(snapshot, spec, w.model_copy(update={"kv_dtype": quantized}), requested_engine, installed, rules)
-    if small.engine != full.engine or small.capacity is None or full.capacity is None:
+    if small.engine != full.engine or small.capacity is None or full.capacity is None or not _better(
+        small.capacity, full.capacity
+    ):
         return _with_kv(full, FeatureDecision(feature="kv_cache", choice="fp16",
-                                              reason=f"{limit}; {quantized} KV would change the engine: kept fp16"))
+                                              reason=f"{limit}; {quantized} KV would not help this plan (or would change the engine): kept fp16"))
     a, b = full.capacity, small.capacity
     bought = (f"{quantized} KV holds {b.context_length} tokens of context (fp16: {a.context_length}) and "
               f"{b.concurrency_at_typical} sequences of {b.sequence_tokens} tokens at once (fp16: {a.concurrency_at_typical})")
@@ -548,18 +550,28 @@ FP8_KV_MIN_COMPUTE_CAPABILITY = 8.9
 
 
 def _kv_limit(p: Plan, w: Workload) -> str | None:
-    """What fp16 KV costs this workload (the context lowered, sequences that do not fit), or None."""
+    """What fp16 KV costs what the workload asks (its context, its sequences, fast memory), or None.
+
+    A trained context lowered to fit is no limit while the workload's own sequences still fit in it."""
     cap = p.capacity
     if cap is None or not cap.memory_known:
         return None
-    lowered = next((x for x in p.warnings if x.startswith("context lowered from the trained")), None)
-    if lowered is not None:
-        return f"fp16 KV lowers the context to {cap.context_length} tokens"
+    typical = w.prompt_tokens + w.output_tokens
     if cap.fit == "none":
         return f"fp16 KV does not fit ({gb(cap.required_bytes)} needed, {gb(cap.usable_bytes)} usable)"
+    if cap.fit == "system" and p.profile is not None and p.profile.accelerator != "none":
+        return "at fp16 the KV pushes the model out of GPU memory into system RAM"
+    if cap.context_length < typical:
+        return f"fp16 KV lowers the context to {cap.context_length} tokens, below the {typical} a request needs"
     if cap.concurrency_at_typical < w.concurrency:
         return f"at fp16 only {cap.concurrency_at_typical} of the {w.concurrency} sequences asked fit at once"
     return None
+
+
+def _better(small: Capacity, full: Capacity) -> bool:
+    rank = {"none": 0, "system": 1, "fast": 2}
+    return (rank[small.fit], small.concurrency_at_typical, small.context_length) > (
+        rank[full.fit], full.concurrency_at_typical, full.context_length)
 
 
 def _with_kv(p: Plan, decision: FeatureDecision) -> Plan:
