@@ -79,8 +79,8 @@ def launch_args(binary: Path, model_path: Path, served: str, options: Mapping[st
     return argv + list(extra)
 
 
-SPEC_TYPES = frozenset({"none", "ngram-mod", "ngram-simple", "ngram-cache", "ngram-map-k", "draft-simple",
-                        "draft-eagle3", "draft-mtp"})
+SPEC_TYPES = frozenset({"none", "ngram-mod", "ngram-simple", "ngram-cache", "ngram-map-k", "ngram-map-k4v", "draft-simple",
+                        "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
 """`--spec-type` values this llama-server accepts (its --help; a comma list of them is accepted too)."""
 
 

@@ -21,7 +21,7 @@ from adapters.base import Capabilities
 from adapters.engine_server import EngineServer
 from adapters.launch import LaunchOptions, flag, flag_if_not_default, server_feature_options, server_layout_options
 from adapters.process import Endpoint, Launch
-from adapters.spec import EngineSpec, ServerSpec
+from adapters.spec import EngineSpec, Layout, ServerSpec
 
 PROGRAM = "trtllm-serve"
 METRICS: Mapping[str, str] = {
@@ -61,6 +61,14 @@ def extra_options(opts: LaunchOptions) -> dict[str, Any]:
         extra["return_perf_metrics"] = True
         extra["enable_iter_perf_stats"] = True
     return extra
+
+
+def layout_options(lay: Layout) -> dict[str, Any]:
+    """The server options; the KV cache dtype only where the planner quantises it (fp8), else the engine's own."""
+    options = server_layout_options(lay)
+    if lay.kv_dtype in ("fp8", "q8_0", "q4_0"):
+        options["kv_cache_dtype"] = "fp8"
+    return options
 
 
 def trtllm_argv(model_path: str, opts: LaunchOptions, endpoint: Endpoint, backend: str,
@@ -107,9 +115,10 @@ SPEC = EngineSpec(
     install_hint=("pip install tensorrt_llm --extra-index-url https://pypi.nvidia.com  (NVIDIA GPU only), "
                   "or run the container nvcr.io/nvidia/tensorrt-llm/release"),
     programs=(PROGRAM,),
-    layout_options=server_layout_options,
+    layout_options=layout_options,
     feature_options=server_feature_options,
     speculation=("ngram", "mtp"),
+    quantized_kv="fp8",
     default_concurrency=64,
     container_image="nvcr.io/nvidia/tensorrt-llm/release:latest",
     server=ServerSpec(

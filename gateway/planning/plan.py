@@ -515,7 +515,10 @@ def plan(
     if w.kv_dtype is not None:
         chosen = _plan(snapshot, spec, w, requested_engine, installed, rules)
         return _with_kv(chosen, FeatureDecision(feature="kv_cache", choice=w.kv_dtype, reason="set in the workload"))
-    full = _plan(snapshot, spec, w.model_copy(update={"kv_dtype": "fp16"}), requested_engine, installed, rules)
+    try:
+        full = _plan(snapshot, spec, w.model_copy(update={"kv_dtype": "fp16"}), requested_engine, installed, rules)
+    except NoEngineError as exc:
+        return _quantized_or_raise(snapshot, spec, w, requested_engine, installed, rules, exc)
     limit = _kv_limit(full, w)
     if limit is None:
         why = "fp16 KV holds the context and the concurrency asked" if full.capacity and full.capacity.memory_known \
@@ -543,6 +546,26 @@ def plan(
     return _with_kv(small, FeatureDecision(
         feature="kv_cache", choice=quantized,
         reason=f"{limit}: {bought}; quantised KV costs a little accuracy (set kv_dtype: fp16 in the workload to keep it)"))
+
+
+def _quantized_or_raise(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, requested_engine: str,
+                        installed: Installed | None, rules: RuleBook | Path | None, exc: NoEngineError) -> Plan:
+    """No engine fits at fp16: the first quantised KV type that an engine which takes it fits, else `exc`."""
+    for dtype in ("fp8", "q8_0"):
+        try:
+            small = _plan(snapshot, spec, w.model_copy(update={"kv_dtype": dtype}), requested_engine, installed, rules)
+        except NoEngineError:
+            continue
+        gpu = small.profile.min_compute_capability if small.profile else None
+        if registry.spec(small.engine).quantized_kv != dtype or (
+            dtype == "fp8" and (gpu is None or gpu < FP8_KV_MIN_COMPUTE_CAPABILITY)
+        ):
+            continue
+        return _with_kv(small, FeatureDecision(
+            feature="kv_cache", choice=dtype,
+            reason=f"at fp16 no engine fits here ({exc.figures or 'see the rejections'}); {dtype} KV halves the KV "
+                   "bytes and fits; quantised KV costs a little accuracy (set kv_dtype: fp16 in the workload to keep it)"))
+    raise exc
 
 
 FP8_KV_MIN_COMPUTE_CAPABILITY = 8.9

@@ -1,0 +1,283 @@
+"""The engine's own speed-ups on a real llama-server, measured against each other in one run.
+
+    python -m benchmarks.engine_features [--rounds 4] [--json docs/bench/engine-features.json]
+
+Every variant is a llama-server started with the command line the planner's options produce
+(`adapters.llama_server.launch_args`), one thread each, all of them up at once; requests go to
+them in turn (A, B, C, A, B, C...) so the machine's noise falls on every variant alike. Figures
+are the engine's own (`timings` of each response: predicted_n / predicted_ms for decode,
+prompt_ms for prefill, draft_n / draft_n_accepted for speculation), except the aggregate rate at
+4 streams, which is tokens over the wall time of the 4 concurrent requests.
+
+Rows: n-gram speculation (none / ngram-mod / ngram-simple) on an edit workload (fix the spelling
+of a passage: the output copies most of the input) and on free generation, at 1 and 4 streams;
+KV f16 vs q8_0 at an 8k context (KV size from the engine's log, RSS, prefill and decode rates);
+shared-prefix time to first token with the host-RAM prompt cache on and off (one slot, two
+documents asked about in turn, so each request finds the slot holding the other document).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from adapters.llama_server import find_llama_server, launch_args
+from adapters.process import Endpoint, free_port
+from gateway.modelsource import embedded_model_path
+
+PASSAGE = (
+    "The lighthouse keeper woke befor dawn every morning and climed the spiral stairs to the lamp room. "
+    "He cleand the great lens with a soft cloth, checked the oil in the resevoir and wrote the wether in "
+    "his log book. In the afternon he walked along the cliffs to the vilage, where the baker saved him a "
+    "loaf of bread and the postmistress handed him the letters that had arived by the morning boat. "
+    "Most of them were from his sister, who lived in the city and worried that he was lonley. He always "
+    "wrote back the same evening, telling her about the ships he had seen, the storms that had pased and "
+    "the seals that sunned themselfs on the rocks below the tower."
+)
+EDIT = [{"role": "user", "content": f"Fix the spelling mistakes in this text. Return the whole corrected text "
+                                    f"and nothing else.\n\n{PASSAGE}"}]
+FREE = [{"role": "user", "content": "Write a short story about a fox who learns to sail."}]
+DOCUMENTS = [
+    " ".join(f"Section {i}: the committee reviewed budget line {i * 7} and approved {i % 5 + 1} new posts "
+             f"for the {['north', 'south', 'east', 'west'][i % 4]} office." for i in range(30)),
+    " ".join(f"Clause {i}: the tenant shall keep the premises at unit {i * 3} in good repair and notify the "
+             f"landlord within {i % 9 + 2} days of any damage." for i in range(30)),
+]
+QUESTIONS = ["Summarise the first point in one sentence.", "What is the last number mentioned?",
+             "Name one place mentioned.", "How many items are there?"]
+KV_PROMPT = " ".join(f"Record {i}: sensor {i % 17} read {i * 13 % 997} units at hour {i % 24}." for i in range(420))
+
+
+@dataclass
+class Server:
+    name: str
+    options: dict[str, Any]
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class Sample:
+    decode: list[float] = field(default_factory=list)
+    aggregate: list[float] = field(default_factory=list)
+    prompt_ms: list[float] = field(default_factory=list)
+    ttft_ms: list[float] = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+    cached: list[int] = field(default_factory=list)
+
+
+def start(servers: Sequence[Server], model: Path, workdir: Path) -> None:
+    binary = find_llama_server(None)
+    if binary is None:
+        raise SystemExit("needs llama-server: enginegate engines install llama-server")
+    for s in servers:
+        s.port = free_port()
+        s.log = workdir / f"{s.name}.log"
+        argv = launch_args(binary, model, "m", s.options, Endpoint("127.0.0.1", s.port, ""))
+        s.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=s.log.open("wb"), start_new_session=True)
+    for s in servers:
+        deadline = time.monotonic() + 120
+        while True:
+            assert s.proc is not None
+            if s.proc.poll() is not None:
+                raise RuntimeError(f"{s.name} exited: {s.log.read_text()[-2000:] if s.log else ''}")
+            try:
+                if httpx.get(s.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{s.name} not ready")
+            time.sleep(0.2)
+
+
+def stop(servers: Sequence[Server]) -> None:
+    for s in servers:
+        if s.proc is not None and s.proc.poll() is None:
+            s.proc.terminate()
+            try:
+                s.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                s.proc.kill()
+                s.proc.wait()
+
+
+async def chat(client: httpx.AsyncClient, s: Server, messages: list[dict[str, str]], max_tokens: int,
+               ignore_eos: bool = False) -> dict[str, Any]:
+    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": ignore_eos}
+    r = await client.post(s.url + "/v1/chat/completions", json=body)
+    r.raise_for_status()
+    timings: dict[str, Any] = r.json()["timings"]
+    return timings
+
+
+def _record(sample: Sample, t: Mapping[str, Any]) -> None:
+    if t.get("predicted_ms"):
+        sample.decode.append(t["predicted_n"] / t["predicted_ms"] * 1000)
+    sample.prompt_ms.append(float(t.get("prompt_ms") or 0))
+    sample.drafted += int(t.get("draft_n") or 0)
+    sample.accepted += int(t.get("draft_n_accepted") or 0)
+    sample.cached.append(int(t.get("cache_n") or 0))
+
+
+async def speculation(servers: Sequence[Server], rounds: int, tokens: int) -> dict[str, dict[str, Sample]]:
+    """{workload/streams: {server: Sample}} for the edit and free-generation prompts at 1 and 4 streams."""
+    out: dict[str, dict[str, Sample]] = {}
+    async with httpx.AsyncClient(timeout=600) as client:
+        for s in servers:  # warm-up: first request loads pages, the n-gram table starts empty
+            await chat(client, s, EDIT, 16)
+        for label, messages in (("edit", EDIT), ("free", FREE)):
+            for streams in (1, 4):
+                table = out.setdefault(f"{label}/{streams}", {s.name: Sample() for s in servers})
+                for _ in range(rounds):
+                    for s in servers:
+                        started = time.perf_counter()
+                        results = await asyncio.gather(*(chat(client, s, messages, tokens) for _ in range(streams)))
+                        wall = time.perf_counter() - started
+                        for t in results:
+                            _record(table[s.name], t)
+                        table[s.name].aggregate.append(sum(t["predicted_n"] for t in results) / wall)
+    return out
+
+
+def kv_size_mib(log: Path) -> float | None:
+    """The KV cache size llama.cpp logs at load ("llama_kv_cache: size = 180.00 MiB")."""
+    sizes = [float(m.group(1)) for m in re.finditer(r"llama_kv_cache: size =\s*([\d.]+) MiB", log.read_text())]
+    return sum(sizes) if sizes else None
+
+
+async def kv_types(servers: Sequence[Server], rounds: int) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    async with httpx.AsyncClient(timeout=900) as client:
+        samples = {s.name: Sample() for s in servers}
+        prompt_n: dict[str, int] = {}
+        prompt = [{"role": "user", "content": KV_PROMPT + "\nWhich sensor read the most?"}]
+        for i in range(rounds):
+            for s in servers:
+                # a different first token each round, so the prompt is computed again, not reused from the slot
+                t = await chat(client, s, [{"role": "user", "content": f"Run {i}. " + prompt[0]["content"]}], 64,
+                               ignore_eos=True)
+                _record(samples[s.name], t)
+                samples[s.name].aggregate.append(t["prompt_n"] / t["prompt_ms"] * 1000)
+                prompt_n[s.name] = int(t["prompt_n"])
+        for s in servers:
+            assert s.proc is not None and s.log is not None
+            out[s.name] = {"kv_mib": kv_size_mib(s.log), "rss_mib": psutil.Process(s.proc.pid).memory_info().rss / 2**20,
+                           "decode": statistics.median(samples[s.name].decode),
+                           "prefill": statistics.median(samples[s.name].aggregate),
+                           "prompt_tokens": prompt_n[s.name]}
+    return out
+
+
+async def prompt_cache(servers: Sequence[Server], rounds: int) -> dict[str, Sample]:
+    out = {s.name: Sample() for s in servers}
+    async with httpx.AsyncClient(timeout=600) as client:
+        for i in range(rounds * 2):
+            doc = DOCUMENTS[i % 2]
+            question = QUESTIONS[(i // 2) % len(QUESTIONS)]
+            for s in servers:
+                started = time.perf_counter()
+                t = await chat(client, s, [{"role": "user", "content": f"{doc}\n\n{question}"}], 1)
+                if i >= 2:  # the first visit of each document computes it whatever the cache
+                    out[s.name].ttft_ms.append((time.perf_counter() - started) * 1000)
+                    _record(out[s.name], t)
+    return out
+
+
+def _med(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=160, help="max tokens per speculation request")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--only", choices=("speculation", "kv", "cache"), action="append")
+    args = parser.parse_args(argv)
+    model = embedded_model_path()
+    workdir = Path("/tmp") / f"enginegate-features-{int(time.time())}"
+    workdir.mkdir(parents=True)
+    only = set(args.only or ("speculation", "kv", "cache"))
+    results: dict[str, Any] = {"machine": "2 vCPUs shared with five other developers' work; one thread per server",
+                               "rounds": args.rounds}
+    base = {"threads": 1, "parallel": 4, "context_length": 4 * 1024, "extra_args": ["--kv-unified"], "cache_ram_mib": 0}
+    if "speculation" in only:
+        servers = [Server(mode, {**base, "spec_type": mode}) for mode in ("none", "ngram-mod", "ngram-simple")]
+        try:
+            start(servers, model, workdir)
+            spec = asyncio.run(speculation(servers, args.rounds, args.tokens))
+        finally:
+            stop(servers)
+        print("| workload | streams | none tok/s | ngram-mod tok/s (ratio, accepted) | ngram-simple tok/s (ratio, accepted) |")
+        print("|---|---|---|---|---|")
+        rows = {}
+        for key, table in spec.items():
+            label, streams = key.split("/")
+            metric = (lambda s: _med(s.decode)) if streams == "1" else (lambda s: _med(s.aggregate))
+            none = metric(table["none"])
+            cells = []
+            for mode in ("ngram-mod", "ngram-simple"):
+                s = table[mode]
+                rate = s.accepted / s.drafted if s.drafted else 0.0
+                cells.append(f"{metric(s):.1f} ({metric(s) / none:.2f}x, {rate:.0%} of {s.drafted})")
+            rows[key] = {m: {"tokens_per_s": metric(table[m]), "drafted": table[m].drafted,
+                             "accepted": table[m].accepted} for m in table}
+            print(f"| {label} | {streams} | {none:.1f} | {cells[0]} | {cells[1]} |")
+        results["speculation"] = rows
+    if "kv" in only:
+        kv_base = {"threads": 1, "parallel": 1, "context_length": 8192, "cache_ram_mib": 0}
+        servers = [Server(kv, {**kv_base, "kv_cache_type": kv}) for kv in ("f16", "q8_0")]
+        try:
+            start(servers, model, workdir)
+            kv = asyncio.run(kv_types(servers, max(2, args.rounds // 2)))
+        finally:
+            stop(servers)
+        print("\n| KV at 8k context | KV MiB | RSS MiB | prefill tok/s | decode tok/s (at the prompt's depth) |")
+        print("|---|---|---|---|---|")
+        for name, row in kv.items():
+            print(f"| {name} | {row['kv_mib']} | {row['rss_mib']:.0f} | {row['prefill']:.0f} | {row['decode']:.1f} |")
+        results["kv"] = kv
+    if "cache" in only:
+        cache_base = {"threads": 1, "parallel": 1, "context_length": 4096, "extra_args": ["--kv-unified"]}
+        servers = [Server("cache-ram-0", {**cache_base, "cache_ram_mib": 0}),
+                   Server("cache-ram-1024", {**cache_base, "cache_ram_mib": 1024, "cache_reuse": 256})]
+        try:
+            start(servers, model, workdir)
+            cache = asyncio.run(prompt_cache(servers, args.rounds))
+        finally:
+            stop(servers)
+        print("\n| prompt cache (1 slot, 2 documents in turn) | TTFT ms (median) | prompt ms (engine) | prompt tokens reused |")
+        print("|---|---|---|---|")
+        off = _med(cache["cache-ram-0"].ttft_ms)
+        for name, s in cache.items():
+            print(f"| {name} | {_med(s.ttft_ms):.0f} ({_med(s.ttft_ms) / off:.2f}x) | {_med(s.prompt_ms):.0f} | "
+                  f"{_med([float(c) for c in s.cached]):.0f} |")
+        results["prompt_cache"] = {n: {"ttft_ms": _med(s.ttft_ms), "prompt_ms": _med(s.prompt_ms),
+                                       "cached_tokens": _med([float(c) for c in s.cached])} for n, s in cache.items()}
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
