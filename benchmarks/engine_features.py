@@ -10,7 +10,7 @@ prompt_ms for prefill, draft_n / draft_n_accepted for speculation), except the a
 4 streams, which is tokens over the wall time of the 4 concurrent requests.
 
 Rows: n-gram speculation (none / ngram-mod / ngram-simple) on an edit workload (fix the spelling
-of a passage: the output copies most of the input) and on free generation, at 1 and 4 streams;
+of a passage: the output copies most of the input) and on free generation, at 1, 2 and 4 streams;
 KV f16 vs q8_0 at an 8k context (KV size from the engine's log, RSS, prefill and decode rates);
 shared-prefix time to first token with the host-RAM prompt cache on and off (one slot, two
 documents asked about in turn, so each request finds the slot holding the other document).
@@ -58,7 +58,7 @@ DOCUMENTS = [
 ]
 QUESTIONS = ["Summarise the first point in one sentence.", "What is the last number mentioned?",
              "Name one place mentioned.", "How many items are there?"]
-KV_PROMPT = " ".join(f"Record {i}: sensor {i % 17} read {i * 13 % 997} units at hour {i % 24}." for i in range(420))
+KV_PROMPT = " ".join(f"Record {i}: sensor {i % 17} read {i * 13 % 997} units at hour {i % 24}." for i in range(300))
 
 
 @dataclass
@@ -146,7 +146,7 @@ async def speculation(servers: Sequence[Server], rounds: int, tokens: int) -> di
         for s in servers:  # warm-up: first request loads pages, the n-gram table starts empty
             await chat(client, s, EDIT, 16)
         for label, messages in (("edit", EDIT), ("free", FREE)):
-            for streams in (1, 4):
+            for streams in (1, 2, 4):
                 table = out.setdefault(f"{label}/{streams}", {s.name: Sample() for s in servers})
                 for _ in range(rounds):
                     for s in servers:

@@ -424,7 +424,9 @@ def _plan(
             f"{w.concurrency} concurrent sequence(s) in {w.mode} use: llama-server with {w.concurrency} slots "
             "(the in-process adapter decodes one request at a time)"
         )
-    elif chosen.engine == "llamacpp" and mode is None and requested_engine == "auto" and features.speculation_pays(w):
+    elif chosen.engine == "llamacpp" and mode is None and requested_engine == "auto" and features.speculation_pays(
+        w, on_gpu=_accelerator(snapshot) != "none" and fit == "fast"
+    ):
         serve_as = "llama_server"
         reasons.append("outputs copy the prompt: llama-server, for its n-gram speculation (the in-process adapter has none)")
     sizing: KvSizing = "paged" if not _reserves_kv(chosen.engine) or serve_as == "llama_server" else "reserved"

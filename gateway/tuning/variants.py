@@ -19,6 +19,7 @@ from adapters import registry
 from gateway.hardware import HardwareSnapshot
 from gateway.planning import NoEngineError, Plan, Workload, plan
 from gateway.planning.measured import VariantResult
+from gateway.planning.features import SPECULATION_MAX_STREAMS_GPU
 from gateway.planning.specs import ModelSpec
 from gateway.tuning.calibrate import calibrate, engine_figures
 
@@ -105,7 +106,7 @@ def _feature_alternatives(engine: str, options: Mapping[str, Any], w: Workload) 
             alternatives.append(("spec_type", "ngram-simple"))
     if "speculative_config" in options:
         alternatives.append(("speculative_config", None))
-    elif "max_concurrency" in options and registry.spec(engine).speculation and w.concurrency <= 4:
+    elif "max_concurrency" in options and registry.spec(engine).speculation and w.concurrency <= SPECULATION_MAX_STREAMS_GPU:
         alternatives.append(("speculative_config", NGRAM_CONFIG))
     if options.get("cache_ram_mib"):
         alternatives.append(("cache_ram_mib", 0))

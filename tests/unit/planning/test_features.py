@@ -16,7 +16,6 @@ from adapters.tensorrt_llm import extra_options
 from adapters.vllm import engine_args as vllm_args
 from gateway.hardware import HardwareSnapshot
 from gateway.planning import Plan, Workload, apply_user, plan
-from gateway.planning.features import SPECULATION_MAX_CONCURRENCY
 from tests.unit.hosts import host
 from tests.unit.planning.test_plan_scenarios import ALL, model
 
@@ -55,13 +54,17 @@ ROWS = [
         "llamacpp", "speculation", "off", "has no speculative decoding", {"spec_type": None}),
     Row("cpu, edit workload, one stream: llama-server with n-gram speculation", "build-machine", "smollm2", EDIT,
         "llama_server", "speculation", "ngram", "outputs copy the prompt", {"spec_type": "ngram-mod"}),
-    Row("cpu, edit workload, 4 streams: still on (measured)", "build-machine", "smollm2",
-        {**EDIT, "concurrency": SPECULATION_MAX_CONCURRENCY}, "llama_server", "speculation", "ngram", "4 stream(s)",
-        {"spec_type": "ngram-mod"}),
-    Row("cpu, edit workload, 8 streams: off, the batch is full", "build-machine", "smollm2", {**EDIT, "concurrency": 8},
-        "llama_server", "speculation", "off", "8 concurrent sequences > 4", {"spec_type": "none"}),
-    Row("cpu, free generation, 2 streams: off (measured no gain)", "build-machine", "smollm2", {"concurrency": 2},
-        "llama_server", "speculation", "off", "free generation", {"spec_type": "none"}),
+    Row("cpu, edit workload, 4 streams: off (measured slower)", "build-machine", "smollm2", {**EDIT, "concurrency": 4},
+        "llama_server", "speculation", "off", "4 concurrent sequences > 1 on a CPU (measured: 0.71x at 4 streams)",
+        {"spec_type": "none"}),
+    Row("H100, edit workload, 4 streams: on (a GPU's small batch is bandwidth-bound)", "hgx-8x-h100", "llama-3-70b",
+        {**EDIT, "concurrency": 4}, "vllm", "speculation", "ngram", "4 stream(s)", {"speculative_config": {
+            "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}}),
+    Row("H100, edit workload, 8 streams: off, the batch is full", "hgx-8x-h100", "llama-3-70b", {**EDIT, "concurrency": 8},
+        "vllm", "speculation", "off", "8 concurrent sequences > 4 on a GPU", {"speculative_config": None}),
+    Row("cpu, free generation, one stream on llama-server: off (measured no gain)", "build-machine", "smollm2",
+        {"mode": "production"}, "llama_server", "speculation", "off", "free generation: n-gram drafts are rarely accepted",
+        {"spec_type": "none"}),
     Row("cpu, edit workload, objective throughput: off", "build-machine", "smollm2", {**EDIT, "objective": "throughput"},
         "llamacpp", "speculation", "off", "has no speculative decoding"),
     Row("H100, edit workload, one stream: vLLM n-gram", "hgx-8x-h100", "llama-3-70b", EDIT,
