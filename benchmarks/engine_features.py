@@ -36,6 +36,7 @@ import psutil
 
 from adapters.llama_server import find_llama_server, launch_args
 from adapters.process import Endpoint, free_port
+from benchmarks.harness import stop, wait_http
 from gateway.modelsource import embedded_model_path
 
 PASSAGE = (
@@ -95,30 +96,14 @@ def start(servers: Sequence[Server], model: Path, workdir: Path) -> None:
         argv = launch_args(binary, model, "m", s.options, Endpoint("127.0.0.1", s.port, ""))
         s.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=s.log.open("wb"), start_new_session=True)
     for s in servers:
-        deadline = time.monotonic() + 120
-        while True:
-            assert s.proc is not None
-            if s.proc.poll() is not None:
-                raise RuntimeError(f"{s.name} exited: {s.log.read_text()[-2000:] if s.log else ''}")
-            try:
-                if httpx.get(s.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{s.name} not ready")
-            time.sleep(0.2)
+        assert s.proc is not None
+        wait_http(s.url + "/health", s.proc, timeout=120)  # llama-server answers 503 while it loads
 
 
-def stop(servers: Sequence[Server]) -> None:
+def stop_all(servers: Sequence[Server]) -> None:
     for s in servers:
-        if s.proc is not None and s.proc.poll() is None:
-            s.proc.terminate()
-            try:
-                s.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                s.proc.kill()
-                s.proc.wait()
+        if s.proc is not None:
+            stop(s.proc)
 
 
 async def chat(client: httpx.AsyncClient, s: Server, messages: list[dict[str, str]], max_tokens: int,
@@ -227,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             start(servers, model, workdir)
             spec = asyncio.run(speculation(servers, args.rounds, args.tokens))
         finally:
-            stop(servers)
+            stop_all(servers)
         print("| workload | streams | none tok/s | ngram-mod tok/s (ratio, accepted) | ngram-simple tok/s (ratio, accepted) |")
         print("|---|---|---|---|---|")
         rows = {}
@@ -251,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             start(servers, model, workdir)
             kv = asyncio.run(kv_types(servers, max(2, args.rounds // 2)))
         finally:
-            stop(servers)
+            stop_all(servers)
         print("\n| KV at 8k context | KV MiB | RSS MiB | prefill tok/s | decode tok/s (at the prompt's depth) |")
         print("|---|---|---|---|---|")
         for name, row in kv.items():
@@ -265,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             start(servers, model, workdir)
             cache = asyncio.run(prompt_cache(servers, args.rounds))
         finally:
-            stop(servers)
+            stop_all(servers)
         print("\n| prompt cache (1 slot, 2 documents in turn) | TTFT ms (median) | prompt ms (engine) | prompt tokens reused |")
         print("|---|---|---|---|")
         off = _med(cache["cache-ram-0"].ttft_ms)
