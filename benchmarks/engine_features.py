@@ -5,13 +5,14 @@
 Every variant is a llama-server started with the command line the planner's options produce
 (`adapters.llama_server.launch_args`), one thread each, all of them up at once; requests go to
 them in turn (A, B, C, A, B, C...) so the machine's noise falls on every variant alike. Figures
-are the engine's own (`timings` of each response: predicted_n / predicted_ms for decode,
-prompt_ms for prefill, draft_n / draft_n_accepted for speculation), except the aggregate rate at
-4 streams, which is tokens over the wall time of the 4 concurrent requests.
+for speculation are tokens per CPU-second of the engine process (its own user + system time: on a
+machine shared with other jobs wall-clock rates moved +-20 % between identical variants, CPU time
+does not see the other jobs) and tokens over the wall time of the concurrent requests; prefill and
+drafts come from each response's `timings` (prompt_ms, draft_n / draft_n_accepted).
 
 Rows: n-gram speculation (none / ngram-mod / ngram-simple) on an edit workload (fix the spelling
 of a passage: the output copies most of the input) and on free generation, at 1, 2 and 4 streams;
-KV f16 vs q8_0 at an 8k context (KV size from the engine's log, RSS, prefill and decode rates);
+KV f16 vs q8_0 at an 8k context (KV size from the planner's arithmetic, RSS, prefill and decode rates);
 shared-prefix time to first token with the host-RAM prompt cache on and off (one slot, two
 documents asked about in turn, so each request finds the slot holding the other document).
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -38,6 +38,7 @@ from adapters.llama_server import find_llama_server, launch_args
 from adapters.process import Endpoint, free_port
 from benchmarks.harness import stop, wait_http
 from gateway.modelsource import embedded_model_path
+from gateway.planning import kv_bytes, load_spec
 
 PASSAGE = (
     "The lighthouse keeper woke befor dawn every morning and climed the spiral stairs to the lamp room. "
@@ -59,7 +60,7 @@ DOCUMENTS = [
 ]
 QUESTIONS = ["Summarise the first point in one sentence.", "What is the last number mentioned?",
              "Name one place mentioned.", "How many items are there?"]
-KV_PROMPT = " ".join(f"Record {i}: sensor {i % 17} read {i * 13 % 997} units at hour {i % 24}." for i in range(300))
+KV_PROMPT = " ".join(f"Record {i}: sensor {i % 17} read {i * 13 % 997} units at hour {i % 24}." for i in range(150))
 
 
 @dataclass
@@ -79,6 +80,8 @@ class Server:
 class Sample:
     decode: list[float] = field(default_factory=list)
     aggregate: list[float] = field(default_factory=list)
+    per_cpu_s: list[float] = field(default_factory=list)
+    """Tokens generated per CPU-second the engine process used: robust to other jobs on a shared machine."""
     prompt_ms: list[float] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)
     drafted: int = 0
@@ -104,6 +107,13 @@ def stop_all(servers: Sequence[Server]) -> None:
     for s in servers:
         if s.proc is not None:
             stop(s.proc)
+
+
+def cpu_seconds(s: Server) -> float:
+    """CPU time (user + system) the engine process has used: only its own work, whatever else runs."""
+    assert s.proc is not None
+    times = psutil.Process(s.proc.pid).cpu_times()
+    return float(times.user + times.system)
 
 
 async def chat(client: httpx.AsyncClient, s: Server, messages: list[dict[str, str]], max_tokens: int,
@@ -135,22 +145,26 @@ async def speculation(servers: Sequence[Server], rounds: int, tokens: int) -> di
                 table = out.setdefault(f"{label}/{streams}", {s.name: Sample() for s in servers})
                 for _ in range(rounds):
                     for s in servers:
+                        cpu = cpu_seconds(s)
                         started = time.perf_counter()
                         results = await asyncio.gather(*(chat(client, s, messages, tokens) for _ in range(streams)))
                         wall = time.perf_counter() - started
+                        used = cpu_seconds(s) - cpu
                         for t in results:
                             _record(table[s.name], t)
-                        table[s.name].aggregate.append(sum(t["predicted_n"] for t in results) / wall)
+                        produced = sum(t["predicted_n"] for t in results)
+                        table[s.name].aggregate.append(produced / wall)
+                        if used > 0:
+                            table[s.name].per_cpu_s.append(produced / used)
     return out
 
 
-def kv_size_mib(log: Path) -> float | None:
-    """The KV cache size llama.cpp logs at load ("llama_kv_cache: size = 180.00 MiB")."""
-    sizes = [float(m.group(1)) for m in re.finditer(r"llama_kv_cache: size =\s*([\d.]+) MiB", log.read_text())]
-    return sum(sizes) if sizes else None
+def kv_mib(model: Path, kv: str) -> float:
+    """The planner's KV arithmetic for the whole 8k context (llama-server logs no KV size at its default verbosity)."""
+    return kv_bytes(load_spec(model), 8192, {"f16": "fp16", "q8_0": "q8_0"}[kv]) / 2**20  # type: ignore[arg-type]
 
 
-async def kv_types(servers: Sequence[Server], rounds: int) -> dict[str, dict[str, Any]]:
+async def kv_types(servers: Sequence[Server], rounds: int, model: Path) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     async with httpx.AsyncClient(timeout=900) as client:
         samples = {s.name: Sample() for s in servers}
@@ -159,16 +173,19 @@ async def kv_types(servers: Sequence[Server], rounds: int) -> dict[str, dict[str
         for i in range(rounds):
             for s in servers:
                 # a different first token each round, so the prompt is computed again, not reused from the slot
+                cpu = cpu_seconds(s)
                 t = await chat(client, s, [{"role": "user", "content": f"Run {i}. " + prompt[0]["content"]}], 64,
                                ignore_eos=True)
+                samples[s.name].per_cpu_s.append((t["prompt_n"] + t["predicted_n"]) / max(1e-9, cpu_seconds(s) - cpu))
                 _record(samples[s.name], t)
                 samples[s.name].aggregate.append(t["prompt_n"] / t["prompt_ms"] * 1000)
                 prompt_n[s.name] = int(t["prompt_n"])
         for s in servers:
             assert s.proc is not None and s.log is not None
-            out[s.name] = {"kv_mib": kv_size_mib(s.log), "rss_mib": psutil.Process(s.proc.pid).memory_info().rss / 2**20,
+            out[s.name] = {"kv_mib": kv_mib(model, s.name), "rss_mib": psutil.Process(s.proc.pid).memory_info().rss / 2**20,
                            "decode": statistics.median(samples[s.name].decode),
                            "prefill": statistics.median(samples[s.name].aggregate),
+                           "tokens_per_cpu_s": statistics.median(samples[s.name].per_cpu_s),
                            "prompt_tokens": prompt_n[s.name]}
     return out
 
@@ -213,34 +230,39 @@ def main(argv: list[str] | None = None) -> int:
             spec = asyncio.run(speculation(servers, args.rounds, args.tokens))
         finally:
             stop_all(servers)
-        print("| workload | streams | none tok/s | ngram-mod tok/s (ratio, accepted) | ngram-simple tok/s (ratio, accepted) |")
+        print("| workload | streams | none: tok/CPU-s, tok/s | ngram-mod: tok/CPU-s (ratio), tok/s (ratio), accepted "
+              "| ngram-simple: tok/CPU-s (ratio), tok/s (ratio), accepted |")
         print("|---|---|---|---|---|")
         rows = {}
         for key, table in spec.items():
             label, streams = key.split("/")
-            metric = (lambda s: _med(s.decode)) if streams == "1" else (lambda s: _med(s.aggregate))
-            none = metric(table["none"])
+            cpu_none, wall_none = _med(table["none"].per_cpu_s), _med(table["none"].aggregate)
             cells = []
             for mode in ("ngram-mod", "ngram-simple"):
                 s = table[mode]
                 rate = s.accepted / s.drafted if s.drafted else 0.0
-                cells.append(f"{metric(s):.1f} ({metric(s) / none:.2f}x, {rate:.0%} of {s.drafted})")
-            rows[key] = {m: {"tokens_per_s": metric(table[m]), "drafted": table[m].drafted,
+                cpu, wall = _med(s.per_cpu_s), _med(s.aggregate)
+                cells.append(f"{cpu:.1f} ({cpu / cpu_none:.2f}x), {wall:.1f} ({wall / wall_none:.2f}x), "
+                             f"{rate:.0%} of {s.drafted}")
+            rows[key] = {m: {"tokens_per_cpu_s": _med(table[m].per_cpu_s), "tokens_per_s": _med(table[m].aggregate),
+                             "engine_decode_tokens_per_s": _med(table[m].decode), "drafted": table[m].drafted,
                              "accepted": table[m].accepted} for m in table}
-            print(f"| {label} | {streams} | {none:.1f} | {cells[0]} | {cells[1]} |")
+            print(f"| {label} | {streams} | {cpu_none:.1f}, {wall_none:.1f} | {cells[0]} | {cells[1]} |")
         results["speculation"] = rows
     if "kv" in only:
         kv_base = {"threads": 1, "parallel": 1, "context_length": 8192, "cache_ram_mib": 0}
         servers = [Server(kv, {**kv_base, "kv_cache_type": kv}) for kv in ("f16", "q8_0")]
         try:
             start(servers, model, workdir)
-            kv = asyncio.run(kv_types(servers, max(2, args.rounds // 2)))
+            kv = asyncio.run(kv_types(servers, 2, model))
         finally:
             stop_all(servers)
-        print("\n| KV at 8k context | KV MiB | RSS MiB | prefill tok/s | decode tok/s (at the prompt's depth) |")
-        print("|---|---|---|---|---|")
+        print("\n| KV at 8k context | KV MiB (planner) | RSS MiB | prefill tok/s | decode tok/s (at the prompt's depth) | "
+              "prompt + output tokens per CPU-s |")
+        print("|---|---|---|---|---|---|")
         for name, row in kv.items():
-            print(f"| {name} | {row['kv_mib']} | {row['rss_mib']:.0f} | {row['prefill']:.0f} | {row['decode']:.1f} |")
+            print(f"| {name} | {row['kv_mib']:.0f} | {row['rss_mib']:.0f} | {row['prefill']:.0f} | {row['decode']:.1f} | "
+                  f"{row['tokens_per_cpu_s']:.0f} |")
         results["kv"] = kv
     if "cache" in only:
         cache_base = {"threads": 1, "parallel": 1, "context_length": 4096, "extra_args": ["--kv-unified"]}

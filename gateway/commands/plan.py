@@ -165,7 +165,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--hardware", help="a HardwareSnapshot JSON (from `enginegate detect --json`) instead of detecting")
     p.add_argument(
         "--workload",
-        help="a workload YAML (prompt_tokens, output_tokens, context_length, concurrency, mode, objective...)",
+        help="a workload YAML (prompt_tokens, output_tokens, context_length, concurrency, mode, objective, "
+             "shared_prefix, output_copies_prompt, kv_dtype...)",
     )
     p.add_argument("--engine", default="auto", help="force an engine; its failed constraints become warnings")
     p.add_argument("--rules", help="a selection rules YAML that overrides the built-in gateway/data/selection.yaml")
