@@ -11,7 +11,8 @@ does not see the other jobs) and tokens over the wall time of the concurrent req
 drafts come from each response's `timings` (prompt_ms, draft_n / draft_n_accepted).
 
 Rows: n-gram speculation (none / ngram-mod / ngram-simple) on an edit workload (fix the spelling
-of a passage: the output copies most of the input) and on free generation, at 1, 2 and 4 streams;
+of a passage: the output copies most of the input; every request a passage not seen before, since
+ngram-mod's table persists across requests) and on free generation, at 1, 2 and 4 streams;
 KV f16 vs q8_0 at an 8k context (KV size from the planner's arithmetic, RSS, prefill and decode rates);
 shared-prefix time to first token with the host-RAM prompt cache on and off (one slot, two
 documents asked about in turn, so each request finds the slot holding the other document).
@@ -49,9 +50,40 @@ PASSAGE = (
     "wrote back the same evening, telling her about the ships he had seen, the storms that had pased and "
     "the seals that sunned themselfs on the rocks below the tower."
 )
-EDIT = [{"role": "user", "content": f"Fix the spelling mistakes in this text. Return the whole corrected text "
-                                    f"and nothing else.\n\n{PASSAGE}"}]
-FREE = [{"role": "user", "content": "Write a short story about a fox who learns to sail."}]
+SUBJECTS = ["a fox who learns to sail", "a robot that tends a garden", "a baker on the moon", "two rival clockmakers",
+            "a lighthouse cat", "a lost umbrella", "a dragon afraid of heights", "a river that runs uphill",
+            "a librarian who collects echoes", "the last tram of the night", "a snowman in summer", "a map of nowhere",
+            "a violin made of ice", "a detective owl", "a town without mirrors", "a kite that will not land"]
+
+
+def _typos(text: str, seed: int) -> str:
+    """Every fourth long word loses a letter: a passage to correct, different for every seed."""
+    words = text.split()
+    for i in range(seed % 4, len(words), 4):
+        w = words[i]
+        if len(w) > 4:
+            cut = 1 + (seed + i) % (len(w) - 2)
+            words[i] = w[:cut] + w[cut + 1:]
+    return " ".join(words)
+
+
+def edit_prompt(k: int) -> list[dict[str, str]]:
+    """The k-th edit: a different passage each time, so no variant sees the same text twice (ngram-mod's table
+    persists across requests and would otherwise draft the previous round's answer)."""
+    sentences = PASSAGE.split(". ")
+    story = ". ".join(sentences[(k + j) % len(sentences)] for j in range(len(sentences)))
+    text = story.replace("The lighthouse keeper", f"{SUBJECTS[k % len(SUBJECTS)].capitalize()}'s keeper")
+    return [{"role": "user", "content": "Fix the spelling mistakes in this text. Return the whole corrected text "
+                                        f"and nothing else.\n\n{_typos(text, k)}"}]
+
+
+def free_prompt(k: int) -> list[dict[str, str]]:
+    places = ["in a desert", "under the sea", "in a busy city", "on a mountain", "in a forest", "on a ship"]
+    return [{"role": "user", "content": f"Write a short story about {SUBJECTS[k % len(SUBJECTS)]} "
+                                        f"{places[k // len(SUBJECTS) % len(places)]}, in the year {1700 + 13 * k}."}]
+
+
+EDIT = edit_prompt(0)
 DOCUMENTS = [
     " ".join(f"Section {i}: the committee reviewed budget line {i * 7} and approved {i % 5 + 1} new posts "
              f"for the {['north', 'south', 'east', 'west'][i % 4]} office." for i in range(30)),
@@ -140,14 +172,17 @@ async def speculation(servers: Sequence[Server], rounds: int, tokens: int) -> di
     async with httpx.AsyncClient(timeout=600) as client:
         for s in servers:  # warm-up: first request loads pages, the n-gram table starts empty
             await chat(client, s, EDIT, 16)
-        for label, messages in (("edit", EDIT), ("free", FREE)):
+        k = 1  # prompt 0 was the warm-up
+        for label, prompt in (("edit", edit_prompt), ("free", free_prompt)):
             for streams in (1, 2, 4):
                 table = out.setdefault(f"{label}/{streams}", {s.name: Sample() for s in servers})
                 for _ in range(rounds):
+                    batch = [prompt(k + i) for i in range(streams)]  # every variant gets the same, unseen prompts
+                    k += streams
                     for s in servers:
                         cpu = cpu_seconds(s)
                         started = time.perf_counter()
-                        results = await asyncio.gather(*(chat(client, s, messages, tokens) for _ in range(streams)))
+                        results = await asyncio.gather(*(chat(client, s, m, tokens) for m in batch))
                         wall = time.perf_counter() - started
                         used = cpu_seconds(s) - cpu
                         for t in results:
