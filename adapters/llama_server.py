@@ -199,8 +199,9 @@ def layout_options(lay: Layout) -> dict[str, Any]:
 
 CACHE_REUSE_TOKENS = 256
 """--cache-reuse: the smallest chunk llama-server shifts into place to reuse a cached prefix."""
-NGRAM_SPEC_TYPE = "ngram-mod"
-"""The n-gram mode the planner turns on: the fastest of the three in benchmarks/engine_features.py."""
+NGRAM_SPEC_TYPE = "ngram-simple"
+"""The n-gram mode the planner turns on: on edits of unseen text it beat ngram-mod (1.19x against 1.08x tokens
+per CPU-second at 1 stream, benchmarks/engine_features.py); ngram-mod's table pays where requests repeat each other."""
 
 
 def feature_options(f: Features) -> dict[str, Any]:

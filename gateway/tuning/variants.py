@@ -92,6 +92,9 @@ class Candidates:
     """Left out for the budget (recorded as skipped)."""
 
 
+NGRAM_MODES = ("ngram-simple", "ngram-mod")
+"""llama-server's n-gram speculation modes tune compares (ngram-simple: the current context; ngram-mod: a table
+that persists across requests)."""
 NGRAM_CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 """The n-gram speculation a server engine's "on" variant runs (what the planner plans, see adapters/launch.py)."""
 
@@ -101,9 +104,9 @@ def _feature_alternatives(engine: str, options: Mapping[str, Any], w: Workload) 
     alternatives: list[tuple[str, Any]] = []
     spec_type = options.get("spec_type")
     if spec_type is not None:
-        alternatives.append(("spec_type", "none" if spec_type != "none" else "ngram-mod"))
-        if spec_type == "ngram-mod":
-            alternatives.append(("spec_type", "ngram-simple"))
+        alternatives.append(("spec_type", "none" if spec_type != "none" else "ngram-simple"))
+        if spec_type in NGRAM_MODES:  # the other n-gram mode
+            alternatives.append(("spec_type", next(m for m in NGRAM_MODES if m != spec_type)))
     if "speculative_config" in options:
         alternatives.append(("speculative_config", None))
     elif "max_concurrency" in options and registry.spec(engine).speculation and w.concurrency <= SPECULATION_MAX_STREAMS_GPU:

@@ -60,7 +60,7 @@ def test_planned_speculation_reaches_the_engines_command_line(served: RunningGat
     engines = [p for p in psutil.Process(served.process.pid).children(recursive=True) if "llama-server" in p.name()]
     assert len(engines) == 1, engines
     argv = engines[0].cmdline()
-    assert argv[argv.index("--spec-type") + 1] == "ngram-mod"
+    assert argv[argv.index("--spec-type") + 1] == "ngram-simple"
     assert argv[argv.index("--cache-ram") + 1] == "0"  # no shared prefixes: no host-RAM prompt cache
     plan = httpx.get(served.url + "/v1/gateway/plan", timeout=10).json()["plans"]["smollm"]
     speculation = next(f for f in plan["features"] if f["feature"] == "speculation")
@@ -90,13 +90,13 @@ def test_tune_measures_speculation_on_and_off_and_plan_shows_both(tmp_path: Path
     assert done.returncode == 0, done.stderr
     record = TuneRecord.model_validate_json(done.stdout)
     measured = {r.options.get("spec_type"): r for r in record.results}
-    assert set(measured) == {"ngram-mod", "none"}, [r.label for r in record.results]
+    assert set(measured) == {"ngram-simple", "none"}, [r.label for r in record.results]
     assert all(r.ok and r.decode_tokens_per_s for r in measured.values())
-    assert "spec_type=ngram-mod" in measured["ngram-mod"].label and measured["ngram-mod"].label.endswith("(planned)")
+    assert "spec_type=ngram-simple" in measured["ngram-simple"].label and measured["ngram-simple"].label.endswith("(planned)")
     shown = subprocess.run([sys.executable, "-m", "gateway", "plan", "--workload", str(workload)], cwd=REPO_ROOT,
                            capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
     assert shown.returncode == 0, shown.stderr
     lines = [line for line in shown.stdout.splitlines() if line.startswith("measured ")]
     assert any("spec_type=none" in line and "tokens/s alone" in line for line in lines), shown.stdout
-    assert any("spec_type=ngram-mod" in line for line in lines)
+    assert any("spec_type=ngram-simple" in line for line in lines)
     assert "feature  speculation ngram: outputs copy the prompt" in shown.stdout

@@ -53,9 +53,11 @@ ROWS = [
     Row("cpu, free generation, one stream: in-process, no speculation", "build-machine", "smollm2", {},
         "llamacpp", "speculation", "off", "has no speculative decoding", {"spec_type": None}),
     Row("cpu, edit workload, one stream: llama-server with n-gram speculation", "build-machine", "smollm2", EDIT,
-        "llama_server", "speculation", "ngram", "outputs copy the prompt", {"spec_type": "ngram-mod"}),
+        "llama_server", "speculation", "ngram", "outputs copy the prompt", {"spec_type": "ngram-simple"}),
+    Row("cpu, edit workload, 2 streams: still on (measured 1.15x)", "build-machine", "smollm2",
+        {**EDIT, "concurrency": 2}, "llama_server", "speculation", "ngram", "at 2 stream(s)", {"spec_type": "ngram-simple"}),
     Row("cpu, edit workload, 4 streams: off (measured slower)", "build-machine", "smollm2", {**EDIT, "concurrency": 4},
-        "llama_server", "speculation", "off", "4 concurrent sequences > 1 on a CPU (measured: 0.71x at 4 streams)",
+        "llama_server", "speculation", "off", "4 concurrent sequences > 2 on a CPU (measured: 0.94x at 4 streams)",
         {"spec_type": "none"}),
     Row("H100, edit workload, 4 streams: on (a GPU's small batch is bandwidth-bound)", "hgx-8x-h100", "llama-3-70b",
         {**EDIT, "concurrency": 4}, "vllm", "speculation", "ngram", "4 stream(s)", {"speculative_config": {
@@ -63,7 +65,7 @@ ROWS = [
     Row("H100, edit workload, 8 streams: off, the batch is full", "hgx-8x-h100", "llama-3-70b", {**EDIT, "concurrency": 8},
         "vllm", "speculation", "off", "8 concurrent sequences > 4 on a GPU", {"speculative_config": None}),
     Row("cpu, free generation, one stream on llama-server: off (measured no gain)", "build-machine", "smollm2",
-        {"mode": "production"}, "llama_server", "speculation", "off", "free generation: n-gram drafts are rarely accepted",
+        {"mode": "production"}, "llama_server", "speculation", "off", "free generation: n-gram lookup finds little to draft",
         {"spec_type": "none"}),
     Row("cpu, edit workload, objective throughput: off", "build-machine", "smollm2", {**EDIT, "objective": "throughput"},
         "llamacpp", "speculation", "off", "has no speculative decoding"),
@@ -141,8 +143,8 @@ def test_the_users_option_wins_and_is_listed_as_an_override() -> None:
     p = plan(snapshot("build-machine"), model("smollm2"), Workload(**EDIT), installed=ALL)
     user = apply_user(p, {"spec_type": "none", "cache_ram_mib": 512}, snapshot("build-machine"))
     assert user.options["spec_type"] == "none" and user.options["cache_ram_mib"] == 512
-    assert {(o.option, o.planned, o.chosen) for o in user.overridden} >= {("spec_type", "ngram-mod", "none")}
-    assert any("spec_type='none' (set in the config; the plan chose 'ngram-mod')" in r for r in user.reasons)
+    assert {(o.option, o.planned, o.chosen) for o in user.overridden} >= {("spec_type", "ngram-simple", "none")}
+    assert any("spec_type='none' (set in the config; the plan chose 'ngram-simple')" in r for r in user.reasons)
 
 
 ENDPOINT = Endpoint("127.0.0.1", 8000, "")
@@ -152,12 +154,12 @@ def test_planned_speculation_and_caches_reach_llama_servers_command_line(tmp_pat
     p = plan(snapshot("raspberry-pi-5"), model("smollm2"), Workload(**EDIT, shared_prefix=True), installed=ALL)
     argv = launch_args(tmp_path / "llama-server", tmp_path / "m.gguf", "m", p.options, ENDPOINT)
     joined = " ".join(argv)
-    assert "--spec-type ngram-mod" in joined and "--cache-reuse 256" in joined
+    assert "--spec-type ngram-simple" in joined and "--cache-reuse 256" in joined
     assert f"--cache-ram {p.options['cache_ram_mib']}" in joined
 
 
 def test_a_named_draft_model_replaces_the_planned_ngram_speculation(tmp_path: Any) -> None:
-    argv = launch_args(tmp_path / "s", tmp_path / "m.gguf", "m", {"spec_type": "ngram-mod", "draft_model": "/d.gguf"},
+    argv = launch_args(tmp_path / "s", tmp_path / "m.gguf", "m", {"spec_type": "ngram-simple", "draft_model": "/d.gguf"},
                        ENDPOINT)
     assert "-md" in argv and "--spec-type" not in argv
     with pytest.raises(Exception, match="unknown spec_type"):

@@ -90,7 +90,7 @@ def test_an_edit_workload_measures_speculation_off_and_its_other_mode_first() ->
     c = candidates(SNAPSHOT, spec(), edit, engines=["llama_server"], budget_s=1000, requests=2, levels=[1],
                    missing=both, max_variants=4)
     server = [v.options for v in c.variants]
-    assert [o["spec_type"] for o in server] == ["ngram-mod", "none", "ngram-simple", "ngram-mod"]
+    assert [o["spec_type"] for o in server] == ["ngram-simple", "none", "ngram-mod", "ngram-simple"]
     assert server[0]["cache_ram_mib"] > 0 and server[3]["cache_ram_mib"] == 0  # then the prompt cache off
     assert c.variants[1].label.startswith("threads=1") and "spec_type=none" in c.variants[1].label
 
@@ -100,7 +100,7 @@ def test_free_generation_measures_threads_and_slots_before_speculation() -> None
                    missing=both, max_variants=10)
     changed = [next(k for k in v.options if v.options[k] != c.variants[0].options.get(k)) for v in c.variants[1:]]
     assert changed[:2] == ["threads", "parallel"] and "spec_type" in changed
-    assert next(v for v in c.variants if v.options["spec_type"] == "ngram-mod").label.count("spec_type=ngram-mod") == 1
+    assert next(v for v in c.variants if v.options["spec_type"] == "ngram-simple").label.count("spec_type=ngram-simple") == 1
 
 
 def test_labels_name_the_speculation_method_and_off() -> None:
