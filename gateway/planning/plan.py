@@ -24,6 +24,7 @@ from gateway.planning.features import FeatureDecision
 from gateway.planning.formats import format_advice
 from gateway.planning.gpu_count import choose_gpus
 from gateway.planning.installed import Installed, is_installed
+from gateway.planning.kv_type import better, fp8_supported, kv_cost, kv_limit
 from gateway.planning.measured import Calibration, Measured
 from gateway.planning.options import Layout, engine_options
 from gateway.planning.overrides import OptionOverride
@@ -521,7 +522,7 @@ def plan(
         full = _plan(snapshot, spec, w.model_copy(update={"kv_dtype": "fp16"}), requested_engine, installed, rules)
     except NoEngineError as exc:
         return _quantized_or_raise(snapshot, spec, w, requested_engine, installed, rules, exc)
-    limit = _kv_limit(full, w)
+    limit = kv_limit(full, w)
     if limit is None:
         why = "fp16 KV holds the context and the concurrency asked" if full.capacity and full.capacity.memory_known \
             else "memory size unknown: nothing to gain known"
@@ -531,32 +532,23 @@ def plan(
         return _with_kv(full, FeatureDecision(feature="kv_cache", choice="fp16",
                                               reason=f"{limit}, but {full.engine} takes no quantised KV type"))
     gpu = full.profile.min_compute_capability if full.profile else None
-    if quantized == "fp8" and (gpu is None or gpu < FP8_KV_MIN_COMPUTE_CAPABILITY):
+    if quantized == "fp8" and not fp8_supported(gpu):
         where = f"compute capability {gpu}" if gpu is not None else "no NVIDIA GPU"
         return _with_kv(full, FeatureDecision(
             feature="kv_cache", choice="fp16",
             reason=f"{limit}; fp8 KV needs Ada/Hopper or newer (compute capability 8.9+), this host has {where}"))
     small = _plan(snapshot, spec, w.model_copy(update={"kv_dtype": quantized}), requested_engine, installed, rules)
-    if small.engine != full.engine or small.capacity is None or full.capacity is None or not _better(
+    if small.engine != full.engine or small.capacity is None or full.capacity is None or not better(
         small.capacity, full.capacity
     ):
         return _with_kv(full, FeatureDecision(feature="kv_cache", choice="fp16",
-                                              reason=f"{limit}; {quantized} KV would not help this plan (or would change the engine): kept fp16"))
+                                              reason=f"{limit}; {quantized} KV would not help this plan "
+                                                     "(or would change the engine): kept fp16"))
     a, b = full.capacity, small.capacity
     bought = (f"{quantized} KV holds {b.context_length} tokens of context (fp16: {a.context_length}) and "
               f"{b.concurrency_at_typical} sequences of {b.sequence_tokens} tokens at once (fp16: {a.concurrency_at_typical})")
     return _with_kv(small, FeatureDecision(feature="kv_cache", choice=quantized,
-                                           reason=f"{limit}: {bought}; {_kv_cost(quantized, small)}"))
-
-
-Q8_KV_ON_CPU = "measured on a CPU (docs/engine-features.md): 47% less KV memory, prefill 0.5x, decode 1.1x"
-
-
-def _kv_cost(dtype: str, p: Plan) -> str:
-    """What quantised KV costs: a little accuracy, and on a CPU (measured) prefill speed."""
-    cpu = p.profile is not None and p.profile.accelerator == "none"
-    measured = f"{Q8_KV_ON_CPU}; " if dtype == "q8_0" and cpu else ""
-    return f"{measured}quantised KV costs a little accuracy (set kv_dtype: fp16 in the workload to keep it)"
+                                           reason=f"{limit}: {bought}; {kv_cost(quantized, small)}"))
 
 
 def _quantized_or_raise(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, requested_engine: str,
@@ -568,44 +560,13 @@ def _quantized_or_raise(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload
         except NoEngineError:
             continue
         gpu = small.profile.min_compute_capability if small.profile else None
-        if registry.spec(small.engine).quantized_kv != dtype or (
-            dtype == "fp8" and (gpu is None or gpu < FP8_KV_MIN_COMPUTE_CAPABILITY)
-        ):
+        if registry.spec(small.engine).quantized_kv != dtype or (dtype == "fp8" and not fp8_supported(gpu)):
             continue
         return _with_kv(small, FeatureDecision(
             feature="kv_cache", choice=dtype,
             reason=f"at fp16 no engine fits here ({exc.figures or 'see the rejections'}); {dtype} KV about halves the "
-                   f"KV bytes and fits; {_kv_cost(dtype, small)}"))
+                   f"KV bytes and fits; {kv_cost(dtype, small)}"))
     raise exc
-
-
-FP8_KV_MIN_COMPUTE_CAPABILITY = 8.9
-"""fp8 KV caches run natively from Ada (8.9) and Hopper (9.0) on."""
-
-
-def _kv_limit(p: Plan, w: Workload) -> str | None:
-    """What fp16 KV costs what the workload asks (its context, its sequences, fast memory), or None.
-
-    A trained context lowered to fit is no limit while the workload's own sequences still fit in it."""
-    cap = p.capacity
-    if cap is None or not cap.memory_known:
-        return None
-    typical = w.prompt_tokens + w.output_tokens
-    if cap.fit == "none":
-        return f"fp16 KV does not fit ({gb(cap.required_bytes)} needed, {gb(cap.usable_bytes)} usable)"
-    if cap.fit == "system" and p.profile is not None and p.profile.accelerator != "none":
-        return "at fp16 the KV pushes the model out of GPU memory into system RAM"
-    if cap.context_length < typical:
-        return f"fp16 KV lowers the context to {cap.context_length} tokens, below the {typical} a request needs"
-    if cap.concurrency_at_typical < w.concurrency:
-        return f"at fp16 only {cap.concurrency_at_typical} of the {w.concurrency} sequences asked fit at once"
-    return None
-
-
-def _better(small: Capacity, full: Capacity) -> bool:
-    rank = {"none": 0, "system": 1, "fast": 2}
-    return (rank[small.fit], small.concurrency_at_typical, small.context_length) > (
-        rank[full.fit], full.concurrency_at_typical, full.context_length)
 
 
 def _with_kv(p: Plan, decision: FeatureDecision) -> Plan:
