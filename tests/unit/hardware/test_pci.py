@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.commands.detect import describe
 from gateway.hardware.pci import parse_lspci, probe_pci
 from tests.unit.hosts import HOSTS, host
 
@@ -41,3 +42,7 @@ def test_without_lspci_the_drm_class_names_the_card() -> None:
 def test_garbled_lspci_lines_are_skipped() -> None:
     lines: Any = 'bad "unterminated\n0000:01:00.0 "3D controller [0302]" "NVIDIA Corporation [10de]" "GH100 [2330]"\n'
     assert [d.vendor_id for d in parse_lspci(lines)] == ["10de"]
+
+
+def test_detect_lists_the_pci_devices() -> None:
+    assert "PCI     0000:03:00.0 Intel Corporation DG2 [Arc A770] (from lspci)" in describe(host("intel-arc-a770"))
