@@ -517,7 +517,17 @@ def plan(
     w = workload or Workload()
     if w.kv_dtype is not None:
         chosen = _plan(snapshot, spec, w, requested_engine, installed, rules)
-        return _with_kv(chosen, FeatureDecision(feature="kv_cache", choice=w.kv_dtype, reason="set in the workload"))
+        try:
+            auto = plan(snapshot, spec, w.model_copy(update={"kv_dtype": None}), requested_engine, installed, rules)
+        except NoEngineError:
+            auto = None
+        own = next((f for f in auto.features if f.feature == "kv_cache"), None) if auto is not None else None
+        if own is None or own.choice == w.kv_dtype:
+            return _with_kv(chosen, FeatureDecision(feature="kv_cache", choice=w.kv_dtype, reason="set in the workload"))
+        override = f"user override: kv_dtype={w.kv_dtype!r} (set in the workload; the plan chose {own.choice!r}: {own.reason})"
+        chosen = chosen.model_copy(update={"reasons": (*chosen.reasons, override)})
+        return _with_kv(chosen, FeatureDecision(feature="kv_cache", choice=w.kv_dtype,
+                                                reason=f"set in the workload (the plan would choose {own.choice})"))
     try:
         full = _plan(snapshot, spec, w.model_copy(update={"kv_dtype": "fp16"}), requested_engine, installed, rules)
     except NoEngineError as exc:

@@ -241,3 +241,16 @@ def test_an_nvidia_card_nvml_did_not_report_is_named() -> None:
     seen = s.pci_devices[0].model_copy(update={"vendor_id": "10de", "vendor": "NVIDIA Corporation", "name": "AD102"})
     notes = plan(s.model_copy(update={"pci_devices": (seen,)}), model("smollm2"), Workload(), installed=ALL).notes
     assert len(notes) == 1 and "NVIDIA Corporation AD102" in notes[0] and "NVML did not report it" in notes[0]
+
+
+def test_the_workloads_kv_type_wins_and_is_listed_where_the_plan_disagrees() -> None:
+    asks = {"prompt_tokens": 6000, "output_tokens": 2000, "concurrency": 256, "objective": "throughput",
+            "mode": "production"}
+    p = plan(host("hgx-8x-h100"), model("llama-3-70b"), Workload(**asks, kv_dtype="fp16"), installed=ALL)
+    assert decision(p, "kv_cache") == ("fp16", "set in the workload (the plan would choose fp8)")
+    assert p.options.get("kv_cache_dtype") is None and p.options["context_length"] == 5632
+    assert any(r.startswith("user override: kv_dtype='fp16' (set in the workload; the plan chose 'fp8': fp16 KV lowers")
+               for r in p.reasons)
+    same = plan(host("build-machine"), model("smollm2"), Workload(kv_dtype="fp16"), installed=ALL)
+    assert decision(same, "kv_cache") == ("fp16", "set in the workload")
+    assert not any(r.startswith("user override") for r in same.reasons)
