@@ -42,7 +42,7 @@ PROMPT_CACHE_MAX_BYTES = 8 * 2**30
 """llama-server's own default (8 GiB): never more."""
 LATENCY_BATCH_TOKENS = 2048
 """Chunked-prefill budget per step for latency: a long prompt stalls the other sequences' decode
-for one 2048-token chunk at most (vLLM's default for online serving)."""
+for one 2048-token chunk at most."""
 THROUGHPUT_BATCH_TOKENS = (8192, 16384)
 """Budget per step for throughput: whole prompts per step, between these bounds."""
 
@@ -160,7 +160,8 @@ def batching(engine: str, w: Workload, p: Profile, on_gpu: bool) -> tuple[Featur
                 reason=f"prefill-heavy ({w.prompt_tokens}-token prompts) on a GPU: a {ub}-token physical batch "
                        "computes the prompt in fewer, fuller kernel launches than the default 512",
             ), Features(batch_tokens=max(2048, ub), ubatch_tokens=ub)
-        where = "on a CPU prefill is compute-bound at any batch size" if not on_gpu else "prompts are short"
+        where = ("on a CPU (a bigger physical batch pays where each batch is a GPU kernel launch; not measured on a "
+                 "CPU)") if not on_gpu else "prompts are short"
         return FeatureDecision(feature="batching", choice="engine default",
                                reason=f"-b 2048 -ub 512 kept: {where}"), Features()
     if not registry.spec(engine).feature_options:

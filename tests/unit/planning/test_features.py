@@ -102,7 +102,7 @@ ROWS = [
         "1024-token physical batch", {"batch_size": 2048, "ubatch_size": 1024}, GGUF_8B),
     Row("cpu, long prompts: llama.cpp's batch sizes kept", "build-machine", "smollm2",
         {"prompt_tokens": 1000, "output_tokens": 100, "concurrency": 2}, "llama_server", "batching", "engine default",
-        "compute-bound", {"batch_size": None, "ubatch_size": None}),
+        "not measured on a CPU", {"batch_size": None, "ubatch_size": None}),
     # KV cache type
     Row("H100, fp16 KV would cut the context below a request: fp8", "hgx-8x-h100", "llama-3-70b",
         {"prompt_tokens": 6000, "output_tokens": 2000, "concurrency": 256, "objective": "throughput", "mode": "production"},
