@@ -112,6 +112,10 @@ class EngineStats:
     generation_tokens_total: float | None = None
     ttft_seconds_sum: float | None = None
     ttft_seconds_count: float | None = None
+    draft_tokens_total: float | None = None
+    """Speculative decoding: tokens drafted (the engine's counter)."""
+    draft_accepted_tokens_total: float | None = None
+    """Speculative decoding: drafted tokens the model accepted."""
 
 
 @dataclass(frozen=True, slots=True)

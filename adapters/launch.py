@@ -17,17 +17,23 @@ value wins, see adapters/config.py):
     python                                 the interpreter for `python -m` engines (default: ours)
     env                                    extra environment for the engine process
     extra_args                             appended to the engine's command line as given
+    speculative_config                     speculative decoding in vLLM's shape ({"method": "ngram"|"mtp"|
+                                           "draft_model"|"eagle3", "num_speculative_tokens", "model", ...});
+                                           SGLang and TensorRT-LLM get their own spelling of it
+    prefix_caching                         reuse cached prompt prefixes (true/false; unset: engine default)
+    max_batched_tokens                     tokens per engine step, the chunked-prefill budget
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.spec import Layout
+from adapters.spec import Features, Layout
 
 
 class LaunchConfigError(ValueError):
@@ -52,6 +58,9 @@ class LaunchOptions:
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+    speculative_config: Mapping[str, Any] | None = None
+    prefix_caching: bool | None = None
+    max_batched_tokens: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -105,6 +114,19 @@ def launch_options(options: Mapping[str, Any]) -> LaunchOptions:
     if nodes > 1 and not master:
         raise LaunchConfigError("options.master_addr (host:port of node 0) is required when options.nodes > 1")
     executable = strings(options, "executable") or None
+    speculative = options.get("speculative_config")
+    if isinstance(speculative, str):
+        try:
+            speculative = json.loads(speculative)
+        except ValueError:
+            speculative = None
+    if speculative is not None and (not isinstance(speculative, Mapping) or not speculative.get("method") and
+                                    not speculative.get("model")):
+        raise LaunchConfigError("options.speculative_config must be a mapping (or JSON) with a method or a model, "
+                                f"got {options.get('speculative_config')!r}")
+    prefix = options.get("prefix_caching")
+    if prefix is not None and not isinstance(prefix, bool):
+        raise LaunchConfigError(f"options.prefix_caching must be true or false, got {prefix!r}")
     return LaunchOptions(
         tensor_parallel=_positive_int(options, "tensor_parallel", 1),
         pipeline_parallel=_positive_int(options, "pipeline_parallel", 1),
@@ -122,6 +144,9 @@ def launch_options(options: Mapping[str, Any]) -> LaunchOptions:
         python=str(options.get("python") or sys.executable),
         env={str(k): str(v) for k, v in env.items()},
         extra_args=strings(options, "extra_args"),
+        speculative_config=dict(speculative) if speculative else None,
+        prefix_caching=prefix,
+        max_batched_tokens=_positive_int(options, "max_batched_tokens", 0) or None,
     )
 
 
@@ -160,3 +185,22 @@ def server_layout_options(lay: Layout, kv_dtypes: Mapping[str, str] | None = Non
 def kv_layout_options(lay: Layout) -> dict[str, Any]:
     """vLLM's and SGLang's: the server options with `--kv-cache-dtype` in their names."""
     return server_layout_options(lay, SERVER_KV_DTYPE)
+
+
+NGRAM_LOOKUP = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
+"""n-gram (prompt lookup) drafting: match the last 2-4 tokens against the prompt."""
+
+
+def server_feature_options(f: Features) -> dict[str, Any]:
+    """The planner's features in the server engines' option names (each engine spells the flags)."""
+    options: dict[str, Any] = {}
+    if f.speculation in ("ngram", "mtp"):
+        config: dict[str, Any] = {"method": f.speculation, "num_speculative_tokens": f.speculative_tokens or 1}
+        if f.speculation == "ngram":
+            config.update(NGRAM_LOOKUP)
+        options["speculative_config"] = config
+    if f.prefix_cache is not None:
+        options["prefix_caching"] = f.prefix_cache
+    if f.batch_tokens is not None:
+        options["max_batched_tokens"] = f.batch_tokens
+    return options

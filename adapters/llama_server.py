@@ -23,7 +23,7 @@ from adapters.openai_http import UpstreamConnectionError
 from adapters.paths import bin_dir
 from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState
 from adapters.server import ROUTES, ServerAdapter
-from adapters.spec import EngineSpec, Layout, ServerSpec
+from adapters.spec import EngineSpec, Features, Layout, ServerSpec
 
 BINARY = "llama-server"
 MMPROJ_FLAGS = frozenset({"--mmproj", "-mm", "--mmproj-url", "-mmu", "-hf", "--hf-repo"})
@@ -70,6 +70,7 @@ def launch_args(binary: Path, model_path: Path, served: str, options: Mapping[st
         if kv not in KV_CACHE_TYPES:
             raise EngineError(f"unknown kv_cache_type {kv!r}; one of {', '.join(sorted(KV_CACHE_TYPES))}", 503)
         argv += ["-ctk", kv, "-ctv", kv]
+    argv += feature_args(options)
     if options.get("split_mode"):
         argv += ["-sm", str(options["split_mode"])]
     if options.get("tensor_split"):
@@ -79,6 +80,37 @@ def launch_args(binary: Path, model_path: Path, served: str, options: Mapping[st
     except LaunchConfigError as exc:
         raise EngineError(str(exc), 503, "invalid_engine_options") from exc
     return argv + list(extra)
+
+
+SPEC_TYPES = frozenset({"none", "ngram-mod", "ngram-simple", "ngram-cache", "ngram-map-k", "ngram-map-k4v", "draft-simple",
+                        "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
+"""`--spec-type` values this llama-server accepts (its --help; a comma list of them is accepted too)."""
+
+
+def feature_args(options: Mapping[str, Any]) -> list[str]:
+    """The engine's own speed-ups: speculation, prompt caches, batch sizes (see `feature_options`).
+
+    A draft model the user names (`draft_model`, -md) replaces the planned n-gram speculation:
+    llama-server then reads the draft's type from its GGUF."""
+    argv: list[str] = []
+    draft = options.get("draft_model")
+    spec_type = str(options.get("spec_type") or "none")
+    if draft:
+        argv += ["-md", str(draft)]
+        if spec_type.startswith("draft-"):
+            argv += ["--spec-type", spec_type]
+    elif spec_type != "none":
+        unknown = set(spec_type.split(",")) - SPEC_TYPES
+        if unknown:
+            raise EngineError(f"unknown spec_type {spec_type!r}; one of {', '.join(sorted(SPEC_TYPES))}", 503,
+                              "invalid_engine_options")
+        argv += ["--spec-type", spec_type]
+    for option, name in (("cache_ram_mib", "--cache-ram"), ("cache_reuse", "--cache-reuse"),
+                         ("batch_size", "-b"), ("ubatch_size", "-ub")):
+        value = options.get(option)
+        if value is not None and not isinstance(value, bool):
+            argv += [name, str(int(value))]
+    return argv
 
 
 def launch_env(endpoint: Endpoint) -> dict[str, str]:
@@ -199,6 +231,29 @@ def layout_options(lay: Layout) -> dict[str, Any]:
     return {**llamacpp.layout_options(lay), "kv_cache_type": KV_CACHE_TYPE[lay.kv_dtype]}
 
 
+CACHE_REUSE_TOKENS = 256
+"""--cache-reuse: the smallest chunk llama-server shifts into place to reuse a cached prefix."""
+NGRAM_SPEC_TYPE = "ngram-simple"
+"""The n-gram mode the planner turns on: on edits of unseen text it beat ngram-mod (1.19x against 1.08x tokens
+per CPU-second at 1 stream, benchmarks/engine_features.py); ngram-mod's table pays where requests repeat each other."""
+
+
+def feature_options(f: Features) -> dict[str, Any]:
+    """The planner's features in llama-server's options (flags in `feature_args`)."""
+    options: dict[str, Any] = {}
+    if f.speculation is not None:
+        options["spec_type"] = NGRAM_SPEC_TYPE if f.speculation == "ngram" else "none"
+    if f.prefix_cache:
+        options["cache_reuse"] = CACHE_REUSE_TOKENS
+    if f.prompt_cache_bytes is not None:
+        options["cache_ram_mib"] = f.prompt_cache_bytes // 2**20
+    if f.batch_tokens is not None:
+        options["batch_size"] = f.batch_tokens
+    if f.ubatch_tokens is not None:
+        options["ubatch_size"] = f.ubatch_tokens
+    return options
+
+
 SPEC = EngineSpec(
     name="llama_server",
     adapter=LlamaServerAdapter,
@@ -210,6 +265,9 @@ SPEC = EngineSpec(
     missing=missing_binary,
     plans_as="llamacpp",
     layout_options=layout_options,
+    feature_options=feature_options,
+    speculation=("ngram",),
+    quantized_kv="q8_0",
     default_concurrency=64,
     server=ServerSpec(
         ready_path="/health",  # llama-server binds before loading: 503 while loading, 200 once it serves
@@ -219,6 +277,8 @@ SPEC = EngineSpec(
             "prompt_tokens_total": "llamacpp:prompt_tokens_total",
             "generation_tokens_total": "llamacpp:tokens_predicted_total",
             "kv_cache_usage_ratio": "llamacpp:kv_cache_usage_ratio",
+            "draft_tokens_total": "llamacpp:spec_decode_num_draft_tokens_total",
+            "draft_accepted_tokens_total": "llamacpp:spec_decode_num_accepted_tokens_total",
         },
     ),
 )

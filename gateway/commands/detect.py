@@ -45,6 +45,8 @@ def describe(s: HardwareSnapshot) -> str:
         for ga in s.amd.gpus:
             mem_d = f"{ga.memory_total_bytes / gib:.0f} GiB" if ga.memory_total_bytes else "? GiB"
             lines.append(f"AMD     GPU {ga.index} {ga.name}, {mem_d}, link {ga.link_type or '?'}")
+    for d in s.pci_devices:
+        lines.append(f"PCI     {d.address} {d.vendor} {d.name} (from {d.source})")
     for issue in s.issues:
         lines.append(f"note    {issue.probe}: {issue.reason}")
     return "\n".join(lines)

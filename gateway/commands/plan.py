@@ -31,10 +31,12 @@ def describe(p: Plan) -> str:
     lines = [f"engine   {p.engine}" + ("" if p.installed else "  (not installed)")]
     lines += [f"options  {k}={v}" for k, v in p.options.items()]
     lines += [f"why      {r}" for r in p.reasons]
+    lines += [f"feature  {f.describe()}" for f in p.features]
     lines += _figures(p)
     lines += _measured(p)
     lines += [f"warning  {w}" for w in p.warnings]
     lines += [f"assumed  {a}" for a in p.assumed]
+    lines += [f"note     {n}" for n in p.notes]
     failed = {r.engine for r in p.rejected}
     lines += [
         f"ranked   {c.rank}. {c.engine} [rule: {c.rule}]" + (" -> rejected below" if c.engine in failed else "")
@@ -163,7 +165,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--hardware", help="a HardwareSnapshot JSON (from `enginegate detect --json`) instead of detecting")
     p.add_argument(
         "--workload",
-        help="a workload YAML (prompt_tokens, output_tokens, context_length, concurrency, mode, objective...)",
+        help="a workload YAML (prompt_tokens, output_tokens, context_length, concurrency, mode, objective, "
+             "shared_prefix, output_copies_prompt, kv_dtype...)",
     )
     p.add_argument("--engine", default="auto", help="force an engine; its failed constraints become warnings")
     p.add_argument("--rules", help="a selection rules YAML that overrides the built-in gateway/data/selection.yaml")

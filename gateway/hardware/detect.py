@@ -18,6 +18,7 @@ from gateway.hardware.cpu import probe_cpu
 from gateway.hardware.memory import probe_memory
 from gateway.hardware.models import CpuInfo, MemoryInfo, NvidiaInfo, ProbeIssue
 from gateway.hardware.nvidia import parse_nvml
+from gateway.hardware.pci import probe_pci
 from gateway.hardware.snapshot import HardwareSnapshot
 from gateway.hardware.sources import LiveSources, ProbeUnavailable, Sources
 
@@ -54,6 +55,7 @@ def detect(sources: Sources | None = None, timeout: float = PROBE_TIMEOUT_S) -> 
         "nvidia": lambda: _probe_nvidia(src),
         "apple": lambda: probe_apple(src),
         "amd": lambda: probe_amd(src),
+        "pci": lambda: probe_pci(src),
     }
     threads = [_Probe(name, probe) for name, probe in probes.items()]
     for t in threads:
@@ -81,5 +83,6 @@ def detect(sources: Sources | None = None, timeout: float = PROBE_TIMEOUT_S) -> 
         nvidia=results["nvidia"],
         apple=results["apple"],
         amd=results["amd"],
+        pci_devices=results["pci"] or (),
         issues=tuple(issues),
     )

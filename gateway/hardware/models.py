@@ -86,3 +86,16 @@ class AmdGpu(_Frozen):
 class AmdInfo(_Frozen):
     source: str
     gpus: tuple[AmdGpu, ...] = ()
+
+
+class PciDevice(_Frozen):
+    """A display or accelerator device on the PCI bus, whichever vendor made it."""
+
+    address: str
+    vendor_id: str
+    """Four hex digits: 10de NVIDIA, 1002 AMD, 8086 Intel..."""
+    device_id: str = ""
+    vendor: str
+    name: str
+    source: str
+    """lspci or drm (/sys/class/drm)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from gateway.hardware.models import AmdInfo, AppleInfo, CpuInfo, MemoryInfo, NvidiaInfo, ProbeIssue
+from gateway.hardware.models import AmdInfo, AppleInfo, CpuInfo, MemoryInfo, NvidiaInfo, PciDevice, ProbeIssue
 
 
 class HardwareSnapshot(BaseModel):
@@ -16,6 +16,8 @@ class HardwareSnapshot(BaseModel):
     nvidia: NvidiaInfo | None = None
     apple: AppleInfo | None = None
     amd: AmdInfo | None = None
+    pci_devices: tuple[PciDevice, ...] = ()
+    """Display and accelerator devices on the PCI bus, every vendor (the planner names those it does not use)."""
     issues: tuple[ProbeIssue, ...] = ()
 
     @property

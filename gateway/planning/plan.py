@@ -18,9 +18,13 @@ from gateway.planning.capacity import (
     max_context,
     paged_kv_bytes,
 )
+from gateway.planning import features
 from gateway.planning.explain import explain, gb, memory_figures
+from gateway.planning.features import FeatureDecision
+from gateway.planning.formats import format_advice
 from gateway.planning.gpu_count import choose_gpus
 from gateway.planning.installed import Installed, is_installed
+from gateway.planning.kv_type import better, fp8_supported, kv_cost, kv_limit
 from gateway.planning.measured import Calibration, Measured
 from gateway.planning.options import Layout, engine_options
 from gateway.planning.overrides import OptionOverride
@@ -28,7 +32,7 @@ from gateway.planning.pools import GPU_MEMORY_FRACTION, fast_pools, host_gpus, p
 from gateway.planning.selection import Candidate, Rejection, RuleBook, load_rules, rank, violations
 from gateway.planning.specs import ModelSpec
 from gateway.planning.speed import slow_warning
-from gateway.planning.unknowns import host_unknowns, model_unknowns
+from gateway.planning.unknowns import host_unknowns, model_unknowns, unused_accelerators
 from gateway.planning.workload import Accelerator, Interconnect, Profile, Workload, heaviness
 
 DEFAULT_CONTEXT = 4096
@@ -59,6 +63,10 @@ class Plan(BaseModel):
     """The `enginegate tune` record that matched this host, model and workload (see gateway/tuning)."""
     calibration: Calibration | None = None
     """Speed predictions scaled by this host's tune records for the plan's engine (capacity holds the result)."""
+    features: tuple[FeatureDecision, ...] = ()
+    """The engine's own speed-ups (speculation, KV cache type, prefix and prompt caches, batching), each with its reason."""
+    notes: tuple[str, ...] = ()
+    """What the host has that this plan does not use (accelerators with no probe or engine)."""
 
     def summary(self) -> str:
         return f"{self.engine}: {self.reasons[0]}" if self.reasons else self.engine
@@ -347,19 +355,18 @@ def _choose_engine(
     return None, rejected, not_installed
 
 
-def plan(
+def _plan(
     snapshot: HardwareSnapshot,
     spec: ModelSpec,
-    workload: Workload | None = None,
-    requested_engine: str = "auto",
-    installed: Installed | None = None,
-    rules: RuleBook | Path | None = None,
+    w: Workload,
+    requested_engine: str,
+    installed: Installed | None,
+    rules: RuleBook | Path | None,
 ) -> Plan:
     # An engine run as another mode of a planned engine (llama_server of llamacpp) is planned as that one.
     planned_as = registry.spec(requested_engine).plans_as if requested_engine != "auto" else None
     mode = requested_engine if planned_as else None
     requested_engine = planned_as or requested_engine
-    w = workload or Workload()
     base_check = installed or is_installed
 
     def check(engine: str) -> bool:
@@ -431,6 +438,11 @@ def plan(
             f"{w.concurrency} concurrent sequence(s) in {w.mode} use: llama-server with {w.concurrency} slots "
             "(the in-process adapter decodes one request at a time)"
         )
+    elif chosen.engine == "llamacpp" and mode is None and requested_engine == "auto" and features.speculation_pays(
+        w, on_gpu=_accelerator(snapshot) != "none" and fit == "fast"
+    ):
+        serve_as = "llama_server"
+        reasons.append("outputs copy the prompt: llama-server, for its n-gram speculation (the in-process adapter has none)")
     sizing: KvSizing = "paged" if not _reserves_kv(chosen.engine) or serve_as == "llama_server" else "reserved"
     replicas = 1
     if not _reserves_kv(chosen.engine):
@@ -470,6 +482,15 @@ def plan(
     slow = slow_warning(spec, cap, chosen.engine, w.decode_tokens_per_s, snapshot, book, rejected)
     if slow:
         warnings.append(slow)
+    serving = mode or chosen.engine
+    on_gpu = profile.accelerator != "none" and lay.gpu_layers != 0
+    decisions, chosen_features = features.choose(serving, spec, w, profile, cap, _ram_free(snapshot, cap), on_gpu)
+    to_options = registry.spec(serving).feature_options
+    if to_options is not None:
+        options.update(to_options(chosen_features))
+    advice = format_advice(spec, snapshot, cap)
+    if advice:
+        warnings.append(advice)
     return Plan(
         engine=mode or chosen.engine,
         options=options,
@@ -484,4 +505,93 @@ def plan(
         rejected=tuple(rejected),
         capacity=cap,
         profile=profile,
+        features=tuple(decisions),
+        notes=tuple(unused_accelerators(snapshot)),
     )
+
+
+def _ram_free(snapshot: HardwareSnapshot, cap: Capacity) -> int | None:
+    """RAM the plan leaves free: all of it when the model lives in GPU memory, else what its need leaves."""
+    ram = system_pool(snapshot)
+    if not ram.known:
+        return None
+    used = cap.required_bytes if cap.memory in ("system", "split", "unified") else 0
+    return max(0, ram.usable_bytes - used)
+
+
+def plan(
+    snapshot: HardwareSnapshot,
+    spec: ModelSpec,
+    workload: Workload | None = None,
+    requested_engine: str = "auto",
+    installed: Installed | None = None,
+    rules: RuleBook | Path | None = None,
+) -> Plan:
+    """The plan; with the workload's KV type left open, fp16 unless fp16 KV limits what the workload asks."""
+    w = workload or Workload()
+    if w.kv_dtype is not None:
+        chosen = _plan(snapshot, spec, w, requested_engine, installed, rules)
+        try:
+            auto = plan(snapshot, spec, w.model_copy(update={"kv_dtype": None}), requested_engine, installed, rules)
+        except NoEngineError:
+            auto = None
+        own = next((f for f in auto.features if f.feature == "kv_cache"), None) if auto is not None else None
+        if own is None or own.choice == w.kv_dtype:
+            return _with_kv(chosen, FeatureDecision(feature="kv_cache", choice=w.kv_dtype, reason="set in the workload"))
+        override = f"user override: kv_dtype={w.kv_dtype!r} (set in the workload; the plan chose {own.choice!r}: {own.reason})"
+        chosen = chosen.model_copy(update={"reasons": (*chosen.reasons, override)})
+        return _with_kv(chosen, FeatureDecision(feature="kv_cache", choice=w.kv_dtype,
+                                                reason=f"set in the workload (the plan would choose {own.choice})"))
+    try:
+        full = _plan(snapshot, spec, w.model_copy(update={"kv_dtype": "fp16"}), requested_engine, installed, rules)
+    except NoEngineError as exc:
+        return _quantized_or_raise(snapshot, spec, w, requested_engine, installed, rules, exc)
+    limit = kv_limit(full, w)
+    if limit is None:
+        why = "fp16 KV holds the context and the concurrency asked" if full.capacity and full.capacity.memory_known \
+            else "memory size unknown: nothing to gain known"
+        return _with_kv(full, FeatureDecision(feature="kv_cache", choice="fp16", reason=why))
+    quantized = registry.spec(full.engine).quantized_kv
+    if quantized is None:
+        return _with_kv(full, FeatureDecision(feature="kv_cache", choice="fp16",
+                                              reason=f"{limit}, but {full.engine} takes no quantised KV type"))
+    gpu = full.profile.min_compute_capability if full.profile else None
+    if quantized == "fp8" and not fp8_supported(gpu):
+        where = f"compute capability {gpu}" if gpu is not None else "no NVIDIA GPU"
+        return _with_kv(full, FeatureDecision(
+            feature="kv_cache", choice="fp16",
+            reason=f"{limit}; fp8 KV needs Ada/Hopper or newer (compute capability 8.9+), this host has {where}"))
+    small = _plan(snapshot, spec, w.model_copy(update={"kv_dtype": quantized}), requested_engine, installed, rules)
+    if small.engine != full.engine or small.capacity is None or full.capacity is None or not better(
+        small.capacity, full.capacity
+    ):
+        return _with_kv(full, FeatureDecision(feature="kv_cache", choice="fp16",
+                                              reason=f"{limit}; {quantized} KV would not help this plan "
+                                                     "(or would change the engine): kept fp16"))
+    a, b = full.capacity, small.capacity
+    bought = (f"{quantized} KV holds {b.context_length} tokens of context (fp16: {a.context_length}) and "
+              f"{b.concurrency_at_typical} sequences of {b.sequence_tokens} tokens at once (fp16: {a.concurrency_at_typical})")
+    return _with_kv(small, FeatureDecision(feature="kv_cache", choice=quantized,
+                                           reason=f"{limit}: {bought}; {kv_cost(quantized, small)}"))
+
+
+def _quantized_or_raise(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, requested_engine: str,
+                        installed: Installed | None, rules: RuleBook | Path | None, exc: NoEngineError) -> Plan:
+    """No engine fits at fp16: the first quantised KV type that an engine which takes it fits, else `exc`."""
+    for dtype in ("fp8", "q8_0"):
+        try:
+            small = _plan(snapshot, spec, w.model_copy(update={"kv_dtype": dtype}), requested_engine, installed, rules)
+        except NoEngineError:
+            continue
+        gpu = small.profile.min_compute_capability if small.profile else None
+        if registry.spec(small.engine).quantized_kv != dtype or (dtype == "fp8" and not fp8_supported(gpu)):
+            continue
+        return _with_kv(small, FeatureDecision(
+            feature="kv_cache", choice=dtype,
+            reason=f"at fp16 no engine fits here ({exc.figures or 'see the rejections'}); {dtype} KV about halves the "
+                   f"KV bytes and fits; {kv_cost(dtype, small)}"))
+    raise exc
+
+
+def _with_kv(p: Plan, decision: FeatureDecision) -> Plan:
+    return p.model_copy(update={"features": (decision, *p.features)})

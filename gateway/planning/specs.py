@@ -78,6 +78,8 @@ class ModelSpec(BaseModel):
     """Layers whose KV cache holds only the last `sliding_window` tokens."""
     ssm_layers: int = 0
     """Layers with a fixed-size recurrent state and no per-token KV cache."""
+    mtp_layers: int = 0
+    """Multi-token-prediction layers the checkpoint ships (config `num_nextn_predict_layers`): speculation's drafter."""
     notes: tuple[str, ...] = ()
     """What the files did not say and what was assumed instead."""
 
@@ -412,6 +414,7 @@ def load_hf_dir(path: Path) -> ModelSpec:
         sliding_window=text.get("sliding_window") if sliding else None,
         sliding_layers=sliding,
         ssm_layers=ssm,
+        mtp_layers=int(text.get("num_nextn_predict_layers") or text.get("mtp_num_hidden_layers") or 0),
         notes=tuple(notes),
     )
 

@@ -81,3 +81,21 @@ def host_unknowns(snapshot: HardwareSnapshot) -> list[str]:
 
 def model_unknowns(spec: ModelSpec) -> list[str]:
     return [f"model: {note}" for note in spec.notes]
+
+
+def unused_accelerators(snapshot: HardwareSnapshot) -> list[str]:
+    """Devices on the PCI bus that no probe reported (another vendor's card, a GPU whose driver stack is
+    missing): present, and unused by this plan."""
+    probed = {"10de": snapshot.nvidia_gpu_count, "1002": len(snapshot.amd.gpus) if snapshot.amd else 0}
+    seen: dict[str, int] = {}
+    out = []
+    for d in snapshot.pci_devices:
+        seen[d.vendor_id] = seen.get(d.vendor_id, 0) + 1
+        if seen[d.vendor_id] <= probed.get(d.vendor_id, 0):
+            continue
+        why = {"10de": "NVML did not report it (driver or nvidia-ml-py missing?)",
+               "1002": "neither amdsmi nor rocm-smi reported it (ROCm missing?)"}.get(
+            d.vendor_id, "enginegate has no probe or engine for it")
+        out.append(f"accelerator present and unused: {d.vendor} {d.name} at {d.address} ({why}); "
+                   "this plan runs without it")
+    return out

@@ -37,8 +37,10 @@ class Workload(BaseModel):
     """What to optimise for; throughput adds data-parallel replicas, cost uses the fewest GPUs."""
     nodes: int = Field(default=1, ge=1)
     """Hosts the model may span (more than one: multi-node engines such as Dynamo)."""
-    kv_dtype: KvDtype = "fp16"
-    """The KV cache's element type the capacity arithmetic assumes."""
+    kv_dtype: KvDtype | None = None
+    """KV cache element type; null: fp16, or q8_0 / fp8 where fp16 KV limits the context or concurrency asked."""
+    output_copies_prompt: bool = False
+    """Outputs repeat much of the prompt (edits, rewrites, refactors, extraction): n-gram speculation pays."""
     decode_tokens_per_s: float | None = Field(default=None, gt=0)
     """Per-sequence decode rate the traffic needs; null: 10 tokens/s (a little faster than people read)."""
     priority_classes: bool = False

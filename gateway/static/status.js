@@ -52,6 +52,15 @@ function why(modelId) {
   return [rule ? "rule " + rule : null, ...reasons].filter(Boolean).join("; ");
 }
 
+// The plan's speculation decision and, once the engine drafted, the share of drafts it accepted.
+function speculation(modelId, m) {
+  const plan = plans && plans[modelId];
+  const decision = ((plan && plan.features) || []).find((f) => f.feature === "speculation");
+  const s = m.speculation;
+  const rate = s ? `${(100 * s.acceptance).toFixed(0)}% of ${s.drafted} drafted tokens accepted` : "";
+  return [decision ? decision.choice : "", rate].filter(Boolean).join(": ") || "-";
+}
+
 // One row per top-level part of the snapshot; nested values shown as "key: value" pairs.
 function flat(value) {
   if (value === null || value === undefined) return "unknown";
@@ -84,7 +93,7 @@ function replicaRow(model, r) {
   const up = r.state !== "open" && !r.down;
   const where = r.base_url || (r.port ? `port ${r.port}` : "");
   const cells = [`  ↳ replica ${r.name}`, r.engine, up ? r.state : `down (${r.state})`, `${r.running} / ${r.slots ?? "no cap"}`,
-                 `${r.waiting} / ${r.max_queue}`, [where, r.reason, `served ${r.served}, failed ${r.failed}`].filter(Boolean).join(" · ")];
+                 `${r.waiting} / ${r.max_queue}`, "", [where, r.reason, `served ${r.served}, failed ${r.failed}`].filter(Boolean).join(" · ")];
   cells.forEach((text, i) => {
     const td = document.createElement("td");
     td.textContent = text;
@@ -112,7 +121,7 @@ function renderModels(stats, ready) {
     const state = m.state && m.state !== "loaded" ? m.state + (m.reason ? ": " + m.reason : "") : (isReady ? "ready" : "not ready");
     const fellBack = (m.fallbacks || []).map((f) => "fell back from " + f.engine + ": " + f.reason);
     const cells = [id, m.engine, state, `${m.running} / ${m.slots ?? "no cap"}`, `${m.waiting} / ${m.max_queue}` + schedulerText(m.scheduler),
-      [...fellBack, why(id)].filter(Boolean).join("; ")];
+      speculation(id, m), [...fellBack, why(id)].filter(Boolean).join("; ")];
     cells.forEach((text, i) => {
       const td = document.createElement("td");
       td.textContent = text;

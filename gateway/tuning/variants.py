@@ -10,6 +10,7 @@ before any gets a second one.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from adapters import registry
 from gateway.hardware import HardwareSnapshot
 from gateway.planning import NoEngineError, Plan, Workload, plan
 from gateway.planning.measured import VariantResult
+from gateway.planning.features import SPECULATION_MAX_STREAMS_GPU
 from gateway.planning.specs import ModelSpec
 from gateway.tuning.calibrate import calibrate, engine_figures
 
@@ -47,10 +49,19 @@ def _installed(missing: Missing) -> Callable[[str], bool]:
 
 KNOBS = ("threads", "parallel", "kv_cache_type", "gpu_memory_fraction", "max_concurrency")
 """The options a variant's label shows."""
+FEATURE_KNOBS = ("spec_type", "cache_ram_mib", "speculative_config", "prefix_caching")
+"""The engine's own speed-ups a label shows (None: off, the engine's default)."""
+
+
+def _shown(value: Any) -> Any:
+    if value is None:
+        return "off"
+    return value.get("method", "on") if isinstance(value, Mapping) else value
 
 
 def label(options: Mapping[str, Any], planned: bool = False) -> str:
-    shown = " ".join(f"{k}={options[k]}" for k in KNOBS if options.get(k) is not None) or "defaults"
+    shown = " ".join([f"{k}={options[k]}" for k in KNOBS if options.get(k) is not None]
+                     + [f"{k}={_shown(options[k])}" for k in FEATURE_KNOBS if k in options]) or "defaults"
     return f"{shown} (planned)" if planned else shown
 
 
@@ -81,9 +92,38 @@ class Candidates:
     """Left out for the budget (recorded as skipped)."""
 
 
-def _uncertain(engine: str, options: Mapping[str, Any], snapshot: HardwareSnapshot, w: Workload) -> list[tuple[str, Any]]:
-    """(option, alternative value) pairs, most promising first."""
+NGRAM_MODES = ("ngram-simple", "ngram-mod")
+"""llama-server's n-gram speculation modes tune compares (ngram-simple: the current context; ngram-mod: a table
+that persists across requests)."""
+NGRAM_CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+"""The n-gram speculation a server engine's "on" variant runs (what the planner plans, see adapters/launch.py)."""
+
+
+def _feature_alternatives(engine: str, options: Mapping[str, Any], w: Workload) -> list[tuple[str, Any]]:
+    """The engine's own speed-ups the planner is least sure of: speculation on/off and its mode, the prompt cache."""
     alternatives: list[tuple[str, Any]] = []
+    spec_type = options.get("spec_type")
+    if spec_type is not None:
+        alternatives.append(("spec_type", "none" if spec_type != "none" else "ngram-simple"))
+        if spec_type in NGRAM_MODES:  # the other n-gram mode
+            alternatives.append(("spec_type", next(m for m in NGRAM_MODES if m != spec_type)))
+    if "speculative_config" in options:
+        alternatives.append(("speculative_config", None))
+    elif "max_concurrency" in options and registry.spec(engine).speculation and w.concurrency <= SPECULATION_MAX_STREAMS_GPU:
+        alternatives.append(("speculative_config", NGRAM_CONFIG))
+    if options.get("cache_ram_mib"):
+        alternatives.append(("cache_ram_mib", 0))
+    if options.get("prefix_caching"):
+        alternatives.append(("prefix_caching", False))
+    return alternatives
+
+
+def _uncertain(engine: str, options: Mapping[str, Any], snapshot: HardwareSnapshot, w: Workload) -> list[tuple[str, Any]]:
+    """(option, alternative value) pairs, most promising first: the speed-ups first where the workload copies its
+    prompts or shares prefixes (their gain depends on the text), after the thread and slot counts otherwise."""
+    features = _feature_alternatives(engine, options, w)
+    copied = w.output_copies_prompt or w.shared_prefix
+    alternatives: list[tuple[str, Any]] = list(features) if copied else []
     cores = snapshot.cpu.logical_cores
     if "threads" in options and cores and options.get("gpu_layers", 0) in (0, None):
         planned = options.get("threads")
@@ -102,7 +142,21 @@ def _uncertain(engine: str, options: Mapping[str, Any], snapshot: HardwareSnapsh
         alternatives.append(("gpu_memory_fraction", round(max(0.5, fraction - 0.1), 2)))
     if "max_concurrency" in options:
         alternatives.append(("max_concurrency", int(options["max_concurrency"]) * 2))
-    return list(dict.fromkeys(alternatives))
+    if not copied:
+        alternatives += features
+    return _unique(alternatives)
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The pairs without repeats, first kept (values may be mappings, so compared as JSON)."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for key, value in pairs:
+        marker = (key, json.dumps(value, sort_keys=True))
+        if marker not in seen:
+            seen.add(marker)
+            out.append((key, value))
+    return out
 
 
 def _with(options: Mapping[str, Any], key: str, value: Any) -> dict[str, Any]:

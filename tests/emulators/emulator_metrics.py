@@ -8,18 +8,21 @@ from tests.emulators.styles import Style
 
 disable_created_metrics()
 
-_COUNTERS = {"prompt_tokens", "generation_tokens", "requests", "prompt_seconds", "generation_seconds"}
+_COUNTERS = {"prompt_tokens", "generation_tokens", "requests", "prompt_seconds", "generation_seconds", "draft_tokens",
+             "accepted_tokens"}
 _HISTOGRAMS = {"ttft", "itl", "e2e"}
 _BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
 
 
 class EmulatorMetrics:
-    def __init__(self, style: Style, model: str) -> None:
+    def __init__(self, style: Style, model: str, speculative: bool = False) -> None:
+        """speculative: also the style's speculative-decoding counters (engines export them only when it is on)."""
         self.registry = CollectorRegistry(auto_describe=True)
         label_values = {"engine": "0", "model_name": model, "model": model}
         self._labels = [label_values[name] for name in style.metric_labels]
         self._metrics: dict[str, Counter | Gauge | Histogram] = {}
-        for key, name in style.metric_names.items():
+        names = {**style.metric_names, **(style.speculative_metric_names if speculative else {})}
+        for key, name in names.items():
             base = name[: -len("_total")] if name.endswith("_total") else name
             labels = list(style.metric_labels)
             if key in _COUNTERS:

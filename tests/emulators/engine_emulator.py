@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import base64
 import hashlib
+import json
 import os
 import random
 import struct
@@ -65,6 +66,8 @@ class Config:
     worker_registration: str | None = None
     worker_warmup: float = 0.0
     record_requests: str | None = None
+    speculative_tokens: int = 0
+    """vLLM's --speculative-config num_speculative_tokens (0: no speculation, no spec_decode metrics)."""
 
 
 class BadRequest(Exception):
@@ -171,7 +174,7 @@ class Emulator:
         self.style: Style = get_style(cfg.style)
         self.ready = asyncio.Event()
         self.rng = random.Random(cfg.seed)
-        self.metrics = EmulatorMetrics(self.style, cfg.model)
+        self.metrics = EmulatorMetrics(self.style, cfg.model, speculative=cfg.speculative_tokens > 0)
         self.slots = asyncio.Semaphore(cfg.parallel) if cfg.parallel > 0 else None
         self.processing = 0
         self.generation_failed = False
@@ -417,6 +420,11 @@ class Emulator:
         m.inc("requests")
         m.inc("prompt_tokens", plan.prompt_tokens)
         m.inc("generation_tokens", produced)
+        if self.cfg.speculative_tokens and produced > 1:
+            # each verification step drafts k tokens and accepts one of them, as a fixed, checkable share
+            steps = produced // 2
+            m.inc("draft_tokens", steps * self.cfg.speculative_tokens)
+            m.inc("accepted_tokens", steps)
         m.observe("e2e", end - start)
         if first is not None:
             m.observe("ttft", first - start)
@@ -595,9 +603,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
                    help="start a worker process that ignores SIGTERM and outlives this one (as vLLM's EngineCore)")
     p.add_argument("--record-requests", metavar="FILE", default=None,
                    help="append each generation request (path, headers, body) to FILE as a JSON line")
+    p.add_argument("--speculative-config", default=None,
+                   help="vllm: its JSON speculative config; the emulator reports spec_decode counters for it")
     p.add_argument("--close-after-stream", action="store_true",
                    help="close the connection after each stream without saying so (as llama-server was seen to)")
     a = p.parse_args(argv)
+    speculative = json.loads(a.speculative_config) if a.speculative_config else {}
     if not 0.0 <= a.error_rate <= 1.0:
         p.error("--error-rate must be within [0, 1]")
     for flag in ("tokens", "max_model_len", "parallel", "embedding_dim"):
@@ -613,7 +624,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
                   a.malformed_after_tokens, a.error_after_tokens, a.error_rate, a.seed, a.fail_status,
                   a.parallel, a.metrics, a.embedding_dim, a.no_usage,
                   a.close_after_stream, a.models_503_while_loading, a.spawn_child,
-                  a.worker_registration, a.worker_warmup, a.record_requests)
+                  a.worker_registration, a.worker_warmup, a.record_requests,
+                  int(speculative.get("num_speculative_tokens") or 0))
 
 
 def announce(message: str) -> None:

@@ -48,6 +48,8 @@ class Style:
     metrics_path: ClassVar[str | None] = "/metrics"
     metrics_need_flag: ClassVar[bool] = False
     metric_names: ClassVar[dict[str, str]] = {}
+    speculative_metric_names: ClassVar[dict[str, str]] = {}
+    """Counters the engine exports only with speculative decoding on (key -> its metric name)."""
     metric_labels: ClassVar[tuple[str, ...]] = ()
     # Paths auth does not guard.
     public_paths: ClassVar[frozenset[str]] = frozenset({"/health", "/metrics"})
@@ -194,6 +196,10 @@ class Vllm(Style):
         "ttft": "vllm:time_to_first_token_seconds",
         "itl": "vllm:inter_token_latency_seconds",
         "e2e": "vllm:e2e_request_latency_seconds",
+    }
+    speculative_metric_names = {
+        "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+        "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
     }
     metric_labels = ("engine", "model_name")
     public_paths = frozenset({"/health", "/metrics", "/version", "/ping"})

@@ -48,7 +48,8 @@ def test_page_shows_ready_model_engine_reason_and_hardware(page, plain_gateway: 
     row.locator("td[data-field=ready].ready").wait_for()
     cells = row.locator("td").all_inner_texts()
     assert cells[0] == "smollm2-135m-instruct" and cells[1] == "llamacpp" and cells[2] == "ready"
-    assert "llama.cpp" in cells[5]  # the planner's reason
+    assert cells[5] == "off"  # the plan's speculation decision (in-process llama.cpp has none)
+    assert "llama.cpp" in cells[6]  # the planner's reason
     assert "architecture: " in page.inner_text("#hardware")  # the detected CPU, summarised
 
 

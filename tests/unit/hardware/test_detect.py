@@ -24,6 +24,7 @@ EXPECTED = {
     "no-nvml": (None, 0, False, True),
     "build-machine": (None, 0, False, True),
     "2x-mi300x": ("AMD Instinct MI300X OAM", 0, False, True),
+    "intel-arc-a770": (None, 0, False, True),  # a GPU on the PCI bus that no probe covers (see test_pci.py)
 }
 
 

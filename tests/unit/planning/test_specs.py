@@ -132,3 +132,8 @@ def test_a_spec_json_round_trips_through_load_spec(tmp_path: Path) -> None:
     f.write_text('{"not": "a spec"}')
     with pytest.raises(SpecError, match="ModelSpec JSON"):
         load_spec(f)
+
+
+def test_multi_token_prediction_layers_are_read_from_the_config() -> None:
+    assert load_spec(MODELS / "deepseek-v3").mtp_layers == 1  # num_nextn_predict_layers
+    assert load_spec(MODELS / "llama-3-8b").mtp_layers == 0

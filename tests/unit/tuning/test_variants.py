@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.planning import Workload
-from gateway.tuning.variants import TuneError, _with, candidates, estimate_s
+from gateway.tuning.variants import TuneError, _with, candidates, estimate_s, label
 from tests.unit.tuning.helpers import SNAPSHOT, WORKLOAD, spec
 
 LEVELS = [1, 2]
@@ -83,3 +83,26 @@ def test_estimates_grow_with_the_work() -> None:
     assert estimate_s("llamacpp", 100.0, None, w, 8, [1]) > small
     assert estimate_s("llamacpp", 50.0, None, w, 4, [1]) > small
     assert estimate_s("vllm", 100.0, None, w, 4, [1]) > small  # a GPU engine's start-up
+
+
+def test_an_edit_workload_measures_speculation_off_and_its_other_mode_first() -> None:
+    edit = Workload(prompt_tokens=32, output_tokens=32, output_copies_prompt=True, shared_prefix=True, context_length=512)
+    c = candidates(SNAPSHOT, spec(), edit, engines=["llama_server"], budget_s=1000, requests=2, levels=[1],
+                   missing=both, max_variants=4)
+    server = [v.options for v in c.variants]
+    assert [o["spec_type"] for o in server] == ["ngram-simple", "none", "ngram-mod", "ngram-simple"]
+    assert server[0]["cache_ram_mib"] > 0 and server[3]["cache_ram_mib"] == 0  # then the prompt cache off
+    assert c.variants[1].label.startswith("threads=1") and "spec_type=none" in c.variants[1].label
+
+
+def test_free_generation_measures_threads_and_slots_before_speculation() -> None:
+    c = candidates(SNAPSHOT, spec(), WORKLOAD, engines=["llama_server"], budget_s=1000, requests=2, levels=[1],
+                   missing=both, max_variants=10)
+    changed = [next(k for k in v.options if v.options[k] != c.variants[0].options.get(k)) for v in c.variants[1:]]
+    assert changed[:2] == ["threads", "parallel"] and "spec_type" in changed
+    assert next(v for v in c.variants if v.options["spec_type"] == "ngram-simple").label.count("spec_type=ngram-simple") == 1
+
+
+def test_labels_name_the_speculation_method_and_off() -> None:
+    assert label({"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}) == "speculative_config=ngram"
+    assert label({"speculative_config": None, "prefix_caching": False}) == "speculative_config=off prefix_caching=False"
