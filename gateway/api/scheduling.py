@@ -8,7 +8,6 @@ from typing import Any
 
 from starlette.requests import Request
 
-from adapters import registry
 from adapters.server import ServerAdapter
 from gateway.api.errors import APIError
 from gateway.identity import caller_of
@@ -16,6 +15,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing import Backend, DeadlineExceeded, Lease, Refusal
 from gateway.scheduling import RANK, TIERS, Demand
 from gateway.scheduling.classify import DemandError, demand_for
+
 
 def request_demand(request: Request, body: dict[str, Any]) -> Demand:
     """400 naming the header when a scheduling header is unreadable."""
@@ -49,7 +49,7 @@ def with_engine_priority(body: dict[str, Any], lease: Lease, demand: Demand | No
     adapter = lease.adapter
     if demand is None or "priority" in body or not isinstance(adapter, ServerAdapter):
         return body
-    wanted = registry.spec(adapter.engine).priority_options
+    wanted = adapter.spec.priority_options  # the adapter's own spec: a plugin engine need not be registered
     if not wanted or any(adapter.options.get(k) != v for k, v in wanted.items()):
         return body
     return {**body, "priority": RANK[demand.tier]}
