@@ -85,6 +85,15 @@ class _Sampling(_Permissive):
         "type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
         "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
         "description": "token id -> bias"})] | None = None
+    # llama.cpp's sampling extras (vLLM and llama-server take them too): typed here, so a wrong type is
+    # the client's 400 rather than an engine's failure
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repeat_penalty: float | None = Field(default=None, gt=0)
+    typical_p: float | None = Field(default=None, gt=0, le=1)
+    mirostat_mode: int | None = Field(default=None, ge=0, le=2)
+    mirostat_tau: float | None = Field(default=None, ge=0)
+    mirostat_eta: float | None = Field(default=None, ge=0)
 
     @property
     def include_usage(self) -> bool:

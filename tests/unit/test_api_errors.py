@@ -171,3 +171,13 @@ def test_queue_full_is_429_with_retry_after() -> None:
         portal.call(gate.set)
         t.join()
         assert first["r"].status_code == 200
+
+
+@pytest.mark.parametrize("field, value", [("repeat_penalty", [{}]), ("top_k", "forty"), ("min_p", 2.0),
+                                          ("mirostat_mode", 7), ("typical_p", {"a": 1})])
+def test_llamacpp_sampling_extras_of_the_wrong_type_are_the_clients_400(client: TestClient, field: str, value: object) -> None:
+    """Found by the schema fuzz: `repeat_penalty: [{}]` reached llama-cpp-python, whose ctypes call failed
+    (500 engine_error). The extras are typed in the request model now, on chat and completions."""
+    for path, body in (("/v1/chat/completions", CHAT), ("/v1/completions", {"model": "echo", "prompt": "hi"})):
+        err = assert_openai_error(client.post(path, json={**body, field: value}), 400, "invalid_request_error")
+        assert err["param"] == field
