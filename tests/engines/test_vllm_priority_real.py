@@ -27,5 +27,7 @@ def test_priority_requests_overtake_default_ones_inside_vllm(tmp_path: Path) -> 
     # the client's clock sees vLLM's output in bursts, so compare medians and the first and last
     assert ends["priority"][1] < ends["default"][1] < ends["flex"][1], table(timed)
     finished = sorted(timed, key=lambda t: t.end or 0.0)
-    assert finished[0].tier == "priority" and finished[-1].tier == "flex", table(timed)
+    # not "the first to finish is priority": on a loaded machine the first flex request can reach the
+    # engine as the hog ends, before the others arrive, and run alone (seen in CI: flex finished 1st)
+    assert ends["priority"][-1] < ends["default"][-1] < ends["flex"][-1] and finished[-1].tier == "flex", table(timed)
     assert hog.end is not None
