@@ -20,7 +20,13 @@ def test_priority_requests_overtake_default_ones_inside_vllm(tmp_path: Path) -> 
     with priority_vllm(tmp_path) as gw:
         commands = [" ".join(p.cmdline()) for p in psutil.Process(gw.process.pid).children()]
         assert any("--scheduling-policy priority" in c for c in commands), commands
-        timed, hog = asyncio.run(measure(gw.url, per_tier=3, tokens=150))
+        for _ in range(3):  # a run counts only if vLLM held every request in its queue while the hog ran
+            timed, hog, queued = asyncio.run(measure(gw.url, per_tier=3, tokens=150))
+            if queued:
+                break
+        else:
+            pytest.fail("in 3 runs the long request ended before vLLM had queued the tiers' requests: the machine "
+                        "was too slow to establish the queue the test needs")
     print(table(timed))
     ends = {tier: sorted(t.end or 0.0 for t in timed if t.tier == tier) for tier in ("priority", "default", "flex")}
     # first come, first served would finish flex, then default, then priority (their arrival order);
