@@ -163,9 +163,12 @@ run_image() {  # run_image LABEL PODMAN_RUN_ARGS...: run the image, serve one ch
 smoke_image() {
   timed "image built" build_image
   timed "image served (plain run)" run_image plain
-  # Locked down: nothing writable but tmpfs where the gateway writes (HF cache, logs, temp files).
+  # Locked down: nothing writable but tmpfs where the gateway writes (HF cache, logs, temp files). The
+  # response and key stores go under /tmp: podman here mounts the other tmpfs root-owned 0755 whatever
+  # mode= says, and the gateway now checks its response store at start-up (it fails in one line if it cannot write).
   timed "image served (read-only, no capabilities)" run_image readonly --read-only --cap-drop ALL \
-    --security-opt no-new-privileges --tmpfs /tmp --tmpfs /data:rw,mode=1777 --tmpfs /home/enginegate:rw,mode=1777
+    --security-opt no-new-privileges --tmpfs /tmp --tmpfs /data:rw,mode=1777 --tmpfs /home/enginegate:rw,mode=1777 \
+    -e XDG_DATA_HOME=/tmp/enginegate-data
 }
 
 ensure_prometheus_image() {
