@@ -51,6 +51,11 @@ class Capabilities:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int | None = None
+    """Prompt tokens the engine reused from its cache (`usage.prompt_tokens_details.cached_tokens`,
+    llama-server's `timings.cache_n`); None where the engine does not say."""
+    prefill_seconds: float | None = None
+    """How long the engine itself spent on the uncached prompt (llama-server's `timings.prompt_ms`)."""
 
     @property
     def total_tokens(self) -> int:

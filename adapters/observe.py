@@ -15,15 +15,27 @@ RESPONSES_CONTENT = frozenset({"response.output_text.delta", "response.function_
 RESPONSES_END = frozenset({"response.completed", "response.incomplete"})
 
 
-def _usage(obj: Any) -> Usage | None:
-    """Chat usage (prompt/completion_tokens) or Responses usage (input/output_tokens)."""
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _usage(obj: Any, timings: Any = None) -> Usage | None:
+    """Chat usage (prompt/completion_tokens) or Responses usage (input/output_tokens), with the cached
+    prompt tokens where the engine reports them (OpenAI's details, else llama-server's `timings`)."""
     if not isinstance(obj, dict):
         return None
     prompt = obj.get("prompt_tokens", obj.get("input_tokens"))
     completion = obj.get("completion_tokens", obj.get("output_tokens"))
     if not isinstance(prompt, int):
         return None
-    return Usage(prompt, completion if isinstance(completion, int) else 0)
+    details = obj.get("prompt_tokens_details", obj.get("input_tokens_details"))
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    prefill = None
+    if isinstance(timings, dict):
+        cached = _count(timings.get("cache_n")) if cached is None else cached
+        ms = timings.get("prompt_ms")
+        prefill = ms / 1000 if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms >= 0 else None
+    return Usage(prompt, completion if isinstance(completion, int) else 0, cached, prefill)
 
 
 def _observe_responses(payload: bytes, obj: dict[str, Any], kind: str) -> StreamEvent:
@@ -54,7 +66,7 @@ def observe(payload: bytes, drop_usage: bool, tool_deltas: ToolCallDeltas | None
     if "error" in obj or obj.get("object") == "error" or (choices is None and "message" in obj and "usage" not in obj):
         status = obj.get("code") if isinstance(obj.get("code"), int) else 500
         return StreamEvent(orjson.dumps(normalise_error(status, obj)), is_error=True)
-    usage = _usage(obj.get("usage"))
+    usage = _usage(obj.get("usage"), obj.get("timings"))
     has_content = False
     mendable = False  # a delta the mender may change: tool calls, or a null where OpenAI sends nothing
     finish: str | None = None
@@ -105,7 +117,7 @@ def mend_chat_body(body: bytes) -> tuple[bytes, Usage | None]:
         return body, None
     if mend_completion(obj):
         body = orjson.dumps(obj)
-    return body, _usage(obj.get("usage"))
+    return body, _usage(obj.get("usage"), obj.get("timings"))
 
 
 _SMALL_BODY = 64 * 1024
@@ -133,4 +145,4 @@ def extract_usage(body: bytes) -> Usage | None:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    return _usage(obj.get("usage")) if isinstance(obj, dict) else None
+    return _usage(obj.get("usage"), obj.get("timings")) if isinstance(obj, dict) else None

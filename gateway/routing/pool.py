@@ -86,6 +86,11 @@ class RouteKey:
 
     session: str | None = None
     prefix: str | None = None
+    blocks: tuple[int, ...] = ()
+    """Chained hashes of the whole prompt's text in fixed-size blocks (gateway/cache_routing/blocks.py):
+    block i's hash covers blocks 0..i, so two prompts share a leading run exactly as long as their common prefix."""
+    chars: int = 0
+    """The prompt text's length, in characters, that `blocks` covers."""
 
 
 @dataclass(eq=False, slots=True)

@@ -166,8 +166,13 @@ def test_extract_usage() -> None:
     body = orjson.dumps({"choices": [{"message": {"content": 'say "usage" {'}}],
                          "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6,
                                    "prompt_tokens_details": {"cached_tokens": 0}}})
-    assert extract_usage(body) == Usage(4, 2)
+    assert extract_usage(body) == Usage(4, 2, cached_tokens=0)
     assert extract_usage(b'{"usage":{"prompt_tokens":7,"total_tokens":7},"data":[]}') == Usage(7, 0)
+    llama_server = orjson.dumps({"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 5},
+                                 "timings": {"cache_n": 29, "prompt_n": 1, "prompt_ms": 43.5}})
+    assert extract_usage(llama_server) == Usage(30, 5, cached_tokens=29, prefill_seconds=0.0435)
+    bogus = b'{"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":true}},"timings":{"prompt_ms":"x"}}'
+    assert extract_usage(bogus) == Usage(3, 0)
     assert extract_usage(b'{"choices":[]}') is None
     assert extract_usage(b"not json") is None
     big = orjson.dumps({"object": "list", "data": [{"embedding": [0.125] * 20000}],

@@ -1,0 +1,26 @@
+"""The contract of a precise cache view: the engine's own record of the KV blocks it holds.
+
+A replica whose engine publishes its KV cache events (vLLM `--kv-events-config`) gets one; the
+router asks it, before choosing, how many tokens of a request's prompt that engine holds now, and
+uses the answer in place of its approximate index's guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+
+class PreciseCache(Protocol):
+    async def start(self) -> None:
+        """Subscribe to the engine's events (returns at once; the subscription runs in a task)."""
+
+    async def stop(self) -> None: ...
+
+    async def matched_tokens(self, body: Mapping[str, Any], path: str) -> int | None:
+        """Leading tokens of this request's prompt (chat `messages` or completion `prompt`; `path` is the
+        OpenAI route) that the engine holds in its KV cache now; None when it cannot tell (not
+        subscribed yet, tokenizing failed): the router then falls back to its approximate index."""
+
+    def reset(self) -> None:
+        """The engine restarted: it holds nothing."""
