@@ -1,0 +1,82 @@
+"""The pure parts of benchmarks/cache_routing.py: run order, median and spread, ratios, the table."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.cache_routing_report import Spread, cell, ratio, rotated, summarize, table
+
+VARIANTS = ["round_robin", "least_outstanding", "prefix", "session", "cache", "sglang_router"]
+
+
+def test_rotation_puts_every_variant_in_every_position_once():
+    orders = [rotated(VARIANTS, r) for r in range(len(VARIANTS))]
+    assert orders[0] == VARIANTS
+    assert orders[1] == VARIANTS[1:] + VARIANTS[:1]
+    for order in orders:
+        assert sorted(order) == sorted(VARIANTS)
+    for position in range(len(VARIANTS)):
+        assert sorted(order[position] for order in orders) == sorted(VARIANTS)
+    assert rotated(VARIANTS, len(VARIANTS)) == VARIANTS  # wraps around
+    assert rotated([], 3) == []
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ([3.0, 1.0, 2.0], Spread(2.0, 1.0, 3.0, 3)),
+    ([4.0, None, 2.0], Spread(3.0, 2.0, 4.0, 2)),  # a run that measured nothing does not count
+    ([5.0], Spread(5.0, 5.0, 5.0, 1)),
+])
+def test_spread_is_median_and_range_of_the_known_values(values, expected):
+    assert Spread.of(values) == expected
+
+
+def test_spread_of_nothing_is_none():
+    assert Spread.of([None, None]) is None
+    assert Spread.of([]) is None
+
+
+def test_cell_shows_median_then_range():
+    assert cell(Spread(1.234, 1.0, 2.5, 3), scale=1000) == "1234 (1000-2500)"
+    assert cell(Spread(7.25, 7.25, 7.25, 1), digits=1) == "7.2"  # one run: no range
+    assert cell(None) == "-"
+
+
+def test_ratio_is_median_over_median():
+    assert ratio(Spread(3.0, 1.0, 5.0, 3), Spread(1.5, 1.0, 9.0, 3)) == pytest.approx(2.0)
+    assert ratio(None, Spread(1.0, 1.0, 1.0, 1)) is None
+    assert ratio(Spread(1.0, 1.0, 1.0, 1), Spread(0.0, 0.0, 0.0, 1)) is None
+
+
+def _run(variant: str, p50: float, computed: float, minimum: float | None = 1000.0) -> dict[str, object]:
+    return {"variant": variant, "ttft_p50": p50, "ttft_p90": 2 * p50, "output_tps": 10.0,
+            "computed": computed, "minimum": minimum}
+
+
+def test_summary_groups_runs_by_variant():
+    runs = [_run("cache", 1.0, 1100), _run("least_outstanding", 3.0, 2400), _run("cache", 2.0, 1300),
+            _run("cache", 1.5, 1200)]
+    summary = summarize(runs)
+    assert summary["cache"]["ttft_p50"] == Spread(1.5, 1.0, 2.0, 3)
+    assert summary["cache"]["computed"] == Spread(1200.0, 1100.0, 1300.0, 3)
+    assert summary["least_outstanding"]["ttft_p90"] == Spread(6.0, 6.0, 6.0, 1)
+
+
+def test_table_has_gains_against_least_outstanding_and_sglang():
+    runs = [_run("least_outstanding", 3.0, 2400), _run("sglang_router", 2.0, 1500), _run("cache", 1.0, 1200),
+            _run("prefix", 2.0, 2000, minimum=None)]
+    lines = table(summarize(runs), ["least_outstanding", "cache", "sglang_router", "prefix", "absent"]).splitlines()
+    assert len(lines) == 2 + 4  # header, rule, one row per variant that ran (absent has none)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines[2:]}
+    cache = rows["cache"]
+    assert cache[2] == "1000"  # TTFT p50 ms
+    assert cache[7] == "1.20x"  # computed / minimum
+    assert cache[8] == "3.00x"  # least_outstanding's p50 over cache's
+    assert cache[9].rstrip(" |") == "2.00x"  # sglang-router's p50 over cache's
+    assert rows["least_outstanding"][8] == "1.00x"
+    assert rows["prefix"][6] == "-" and rows["prefix"][7] == "-"  # no minimum from the bench: no ratio
+
+
+def test_table_without_the_peers_leaves_their_columns_empty():
+    lines = table(summarize([_run("cache", 1.0, 1200)]), ["cache"]).splitlines()
+    cols = lines[2].split(" | ")
+    assert cols[8] == "-" and cols[9].rstrip(" |") == "-"
