@@ -270,10 +270,10 @@ def llama_servers(argv: list[str], count: int, tmp: Path) -> Iterator[list[str]]
 
 
 @contextmanager
-def sglang_router(python: Path, workers: list[str], tmp: Path) -> Iterator[str]:
+def sglang_router(python: Path, workers: list[str], extra: list[str], tmp: Path) -> Iterator[str]:
     port = free_port()
     cmd = [str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-           "--worker-urls", *workers, "--policy", "cache_aware", "--log-level", "warn"]
+           "--worker-urls", *workers, "--policy", "cache_aware", "--log-level", "warn", *extra]
     out = (tmp / "sglang-router.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -301,10 +301,11 @@ def _healthy_workers(listing: Any) -> int:
     return sum(1 for w in items if isinstance(w, dict) and w.get("is_healthy", True))
 
 
-def run_sglang(python: Path, argv: list[str], workload: Workload, seed: int, tmp: Path) -> dict[str, Any]:
+def run_sglang(python: Path, extra: list[str], argv: list[str], workload: Workload, seed: int,
+               tmp: Path) -> dict[str, Any]:
     with llama_servers(argv, 2, tmp) as workers:
         before = [_counter(PROMPT_COUNTER, httpx.get(f"{w}/metrics", timeout=30).text) for w in workers]
-        with sglang_router(python, workers, tmp) as url:
+        with sglang_router(python, workers, extra, tmp) as url:
             started = time.monotonic()
             level = bench(f"{url}/v1", workload, seed, tmp / f"{SGLANG}.json")
             wall = time.monotonic() - started
@@ -325,6 +326,7 @@ class Runner:
     def __init__(self, args: argparse.Namespace, engines: Engines, tmp: Path) -> None:
         self.args, self.engines, self.tmp = args, engines, tmp
         self.reference: list[str] | None = None
+        self.differ: dict[str, list[str]] = {}  # variant -> its engines' argv, where not the reference's
         self.runs: list[dict[str, Any]] = []
 
     def reference_argv(self) -> list[str]:
@@ -341,15 +343,16 @@ class Runner:
             if self.reference is None:
                 self.reference = argv
                 log("engines: " + " ".join(normalized(argv)))
-            elif normalized(argv) != normalized(self.reference):
-                raise RuntimeError(f"{variant}'s engines differ from the first variant's:\n  {normalized(argv)}\n"
-                                   f"  {normalized(self.reference)}")
+            elif normalized(argv) != normalized(self.reference) and variant not in self.differ:
+                self.differ[variant] = normalized(argv)  # reported with the table: its runs are not comparable
+                log(f"WARNING: {variant}'s engines differ from the first variant's: {' '.join(normalized(argv))}")
 
     def run(self, variant: str, workload: Workload, round_index: int, position: str) -> dict[str, Any]:
         log(f"{workload.name} round {round_index + 1} {position}: {variant} ...")
         run_dir = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=self.tmp))
         if variant == SGLANG:
-            r = run_sglang(self.args.sglang_python, self.reference_argv(), workload, self.args.seed, run_dir)
+            r = run_sglang(self.args.sglang_python, self.args.sglang_arg, self.reference_argv(), workload,
+                           self.args.seed, run_dir)
         else:
             r, argvs = run_gateway(variant, self.engines, workload, self.args.seed, run_dir)
             self._check(argvs, variant)
@@ -406,16 +409,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w = p.add_argument_group("open-loop workload")
     w.add_argument("--sessions", type=int, default=10)
     w.add_argument("--turns", type=int, default=4)
-    w.add_argument("--arrival-rate", type=float, default=0.2, help="sessions per second")
-    w.add_argument("--think-seconds", type=float, default=3.0)
+    w.add_argument("--arrival-rate", type=float, default=0.25, help="sessions per second")
+    w.add_argument("--think-seconds", type=float, default=2.5, help="mean think time between turns")
     w.add_argument("--shared-prefix", type=int, default=300, help="system prompt every session shares, tokens")
     w.add_argument("--document", type=int, default=200, help="each session's document, tokens")
     w.add_argument("--input-tokens", type=int, default=32, help="each turn's user message")
     w.add_argument("--output-tokens", type=int, default=16, help="each reply")
-    c = p.add_argument_group("closed-loop workload (benchmarks/routing_affinity.py's shape, smaller)")
-    c.add_argument("--closed-sessions", type=int, default=8)
+    c = p.add_argument_group("closed-loop workload (benchmarks/routing_affinity.py's shape: every session at once, "
+                             "one per slot, each with its own system prompt)")
+    c.add_argument("--closed-sessions", type=int, default=4)
     c.add_argument("--closed-turns", type=int, default=4)
-    c.add_argument("--closed-prefix", type=int, default=500, help="each session's own system prompt, tokens")
+    c.add_argument("--closed-prefix", type=int, default=600, help="each session's own system prompt, tokens")
     e = p.add_argument_group("engines (the same for every variant)")
     e.add_argument("--parallel", type=int, default=2, help="slots per llama-server")
     e.add_argument("--context", type=int, default=8192, help="KV cells per llama-server (shared by its slots)")
@@ -426,6 +430,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="llama-server flag for every replica (repeat; default: --kv-unified, as the plan launches it)")
     p.add_argument("--seed", type=int, default=25)
     p.add_argument("--sglang-python", type=Path, default=SGLANG_PYTHON, help="python of sglang-router's venv")
+    p.add_argument("--sglang-arg", action="append", default=[],
+                   help="extra sglang-router flag (repeat; default none: its cache_aware defaults, as a user runs it)")
     p.add_argument("--json", type=Path, help="write every run and the summary here")
     p.add_argument("--markdown", type=Path, help="write the tables here")
     args = p.parse_args(argv)
@@ -439,7 +445,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def report(title: str, runs: list[dict[str, Any]], order: list[str]) -> str:
-    return f"{title}\n\n{table(summarize(runs), order)}\n"
+    spread = [f"- {v}: " + "; ".join(", ".join(f"{k} {n:.0f}" for k, n in sorted(r["per_replica"].items()))
+                                     for r in runs if r["variant"] == v) for v in order]
+    return (f"{title}\n\n{table(summarize(runs), order)}\n\nPer replica, run by run (the gateway: requests it sent "
+            "each; sglang-router: prompt tokens each of its workers computed):\n\n" + "\n".join(spread) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -468,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
               f"engines: `{engines_line}`; versions: {versions(args.sglang_python, SGLANG in open_variants + closed_variants)}; "
               f"seed {args.seed}; {time.monotonic() - started:.0f} s in all")
     text = header + "\n"
+    for variant, argv in runner.differ.items():
+        text += f"\n**{variant} ran other engines** (not comparable): `{' '.join(argv)}`\n"
     if open_runs:
         text += "\n" + report(f"{open_w.describe()}; {args.rounds} run(s) per variant, order rotated per round:",
                               open_runs, open_variants)
@@ -480,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {name: {v: {m: None if s is None else asdict(s) for m, s in ms.items()} for v, ms in summarize(rs).items()}
                    for name, rs in (("open", open_runs), ("closed", closed_runs)) if rs}
         args.json.write_text(json.dumps({"argv": sys.argv[1:], "engines": asdict(engines), "engine_argv": runner.reference,
+                                         "engine_argv_differs": runner.differ,
                                          "workloads": {"open": asdict(open_w), "closed": asdict(closed_w)},
                                          "runs": runner.runs, "summary": summary}, indent=1))
     return 0
