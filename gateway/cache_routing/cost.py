@@ -1,0 +1,65 @@
+"""What a request costs at each replica: the wait for a slot there plus recomputing the part of its
+prompt that replica does not hold, both in seconds, so they can be weighed against each other.
+
+Dynamo's KV router scores `overlap_weight x prefill blocks + decode blocks`; here both terms are
+time, measured per replica: its prefill rate (the engine's own timings, else time to first token)
+and how long a request holds one of its slots. A request waits at a replica once its slots are
+all taken: each of the `ahead` requests in front of it frees a slot on average every
+`service_seconds / slots`. Pure: the balancer passes the facts, availability and the bounded load
+are its business; ties go to the replica with fewer outstanding requests, then in the order given
+(the balancer rotates it, so idle replicas share).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """One replica as the cost sees it."""
+
+    outstanding: int
+    """Requests the gateway has there now, running and waiting."""
+    engine_load: float
+    """Running and waiting by the engine's own count (a shared upstream's other clients included)."""
+    slots: int | None
+    """Requests it runs at once; None: the gateway does not cap it (the engine queues on its own)."""
+    matched_tokens: float
+    """Leading tokens of this prompt it is believed to hold."""
+    prompt_tokens: float
+    prefill_rate: float
+    """Prompt tokens per second it computes, as measured."""
+    service_seconds: float
+    """How long a request holds one of its slots, as measured."""
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    wait_seconds: float
+    prefill_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return self.wait_seconds + self.prefill_seconds
+
+
+def estimate(place: Place) -> Estimate:
+    load = max(float(place.outstanding), place.engine_load)
+    slots = place.slots or max(1.0, load)
+    ahead = max(0.0, load - slots + 1)
+    wait = ahead * place.service_seconds / slots
+    uncached = max(0.0, place.prompt_tokens - place.matched_tokens)
+    return Estimate(wait, uncached / max(place.prefill_rate, 1e-3))
+
+
+def cheapest(places: Sequence[Place], among: Sequence[int]) -> tuple[int, str]:
+    """The index of the cheapest place in `among` (non-empty) and why: `cache_hit` (it holds the most
+    of the prompt of all of them), `cache_load` (another holds more, but waiting there costs more than
+    recomputing here), or `cache_cold` (none holds any of it: the least loaded)."""
+    best = min(among, key=lambda i: (estimate(places[i]).seconds, places[i].outstanding))
+    most = max(places[i].matched_tokens for i in among)
+    if most <= 0:
+        return best, "cache_cold"
+    return best, "cache_hit" if places[best].matched_tokens >= most else "cache_load"
