@@ -5,7 +5,10 @@ Dynamo's KV router scores `overlap_weight x prefill blocks + decode blocks`; her
 time, measured per replica: its prefill rate (the engine's own timings, else time to first token)
 and how long a request holds one of its slots. A request waits at a replica once its slots are
 all taken: each of the `ahead` requests in front of it frees a slot on average every
-`service_seconds / slots`. Pure: the balancer passes the facts, availability and the bounded load
+`service_seconds / slots`. A replica whose cache is full (its index's learned capacity) pays too
+for what the new part of the prompt evicts there: that many tokens' recompute, weighted by
+`EVICTION_WEIGHT` (the chance they are asked for again), so new conversations spread over the
+replicas' caches instead of piling onto the one that first held their shared system prompt. Pure: the balancer passes the facts, availability and the bounded load
 are its business; ties go to the replica with fewer outstanding requests, then in the order given
 (the balancer rotates it, so idle replicas share).
 """
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+EVICTION_WEIGHT = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,16 +38,19 @@ class Place:
     """Prompt tokens per second it computes, as measured."""
     service_seconds: float
     """How long a request holds one of its slots, as measured."""
+    evicted_tokens: float = 0.0
+    """Cached tokens of other prompts the new part of this one would push out of its full cache."""
 
 
 @dataclass(frozen=True, slots=True)
 class Estimate:
     wait_seconds: float
     prefill_seconds: float
+    eviction_seconds: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return self.wait_seconds + self.prefill_seconds
+        return self.wait_seconds + self.prefill_seconds + self.eviction_seconds
 
 
 def estimate(place: Place) -> Estimate:
@@ -51,7 +59,8 @@ def estimate(place: Place) -> Estimate:
     ahead = max(0.0, load - slots + 1)
     wait = ahead * place.service_seconds / slots
     uncached = max(0.0, place.prompt_tokens - place.matched_tokens)
-    return Estimate(wait, uncached / max(place.prefill_rate, 1e-3))
+    rate = max(place.prefill_rate, 1e-3)
+    return Estimate(wait, uncached / rate, EVICTION_WEIGHT * place.evicted_tokens / rate)
 
 
 def cheapest(places: Sequence[Place], among: Sequence[int]) -> tuple[int, str]:

@@ -33,7 +33,7 @@ class Correction:
 
 
 class PrefixIndex:
-    def __init__(self, capacity: int, floor: int = 256) -> None:
+    def __init__(self, capacity: int, floor: int = 16) -> None:
         self.limit = max(capacity, floor)
         """The most blocks it may ever hold (its memory bound)."""
         self.floor = min(floor, self.limit)
@@ -52,6 +52,10 @@ class PrefixIndex:
                 break
             n += 1
         return n
+
+    def overflow(self, blocks: Sequence[int], held: int) -> int:
+        """Blocks the index would evict to take this chain (of which it holds `held` leading ones)."""
+        return max(0, len(self._blocks) + len(blocks) - held - self.capacity)
 
     def insert(self, blocks: Sequence[int]) -> None:
         """The engine computes (or reuses) these blocks now: they are the most recently used, the first

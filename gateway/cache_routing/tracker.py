@@ -98,8 +98,9 @@ class ReplicaCache:
         cpt = self.chars_per_token.value
         matched = float(precise_tokens) if precise_tokens is not None else predicted * self.block_chars / cpt
         placement = Placement(blocks, chars, predicted, precise_tokens)
+        evicted = self.index.overflow(blocks, predicted) * self.block_chars / cpt
         return Place(outstanding, engine_load, slots, matched, chars / cpt, self.prefill_rate.value,
-                     self.service.value), placement
+                     self.service.value, evicted), placement
 
     def chosen(self, placement: Placement) -> None:
         """The request goes here: its prompt will be in this engine's cache (what SGLang's router
