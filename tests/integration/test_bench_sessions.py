@@ -132,7 +132,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_sessions_report_per_turn_ttft_and_json() -> None:
     with running_emulator("vllm", "--ttft-ms", "20", "--itl-ms", "1") as emu:
-        done = cli("--base-url", emu.base_url, "--sessions", "3", "--turns", "3", "--shared-prefix-tokens", "30",
+        done = cli("--base-url", emu.base_url, "--sessions", "3", "--turns", "3", "--session-prefix-tokens", "30",
                    "--input-tokens", "6", "--output-tokens", "4", "--json", "--no-progress", "--no-ceiling",
                    "--warmup", "1")
     assert done.returncode == 0, done.stderr
