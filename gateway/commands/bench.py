@@ -147,7 +147,8 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
 
 def _sessions(args: argparse.Namespace, source: PromptSource) -> SessionSpec:
     clash = [flag for flag, value in (("--rate", args.rate), ("--requests", args.requests), ("--duration", args.duration),
-                                      ("--prompts", args.prompts)) if value]
+                                      ("--prompts", args.prompts), ("--max-concurrency", args.max_concurrency))
+             if value]
     if clash:
         raise ValueError(f"--sessions runs every session's turns (open loop: --arrival-rate); it cannot be combined "
                          f"with {', '.join(clash)}")

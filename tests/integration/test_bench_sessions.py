@@ -214,6 +214,7 @@ def test_cli_open_loop_shared_prompt_and_documents_report_the_minimum(tmp_path: 
 
 def test_cli_rejects_arrival_rates_with_concurrency_or_without_sessions() -> None:
     for args in (["--sessions", "2", "--arrival-rate", "1", "--concurrency", "2"], ["--arrival-rate", "1"],
+                 ["--sessions", "2", "--arrival-rate", "1", "--max-concurrency", "1"],
                  ["--sessions", "2", "--arrival-rate", "0"], ["--sessions", "2", "--think-seconds", "-1"]):
         bad = cli("--base-url", "http://127.0.0.1:9", "--model", "m", *args)
         assert bad.returncode == 2 and "enginegate bench:" in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
