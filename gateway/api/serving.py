@@ -233,7 +233,7 @@ def request_route(request: Request, backend: Backend, body: dict[str, Any]) -> R
         text = prompt_text(body)
         if text is None:
             return None
-        return RouteKey(blocks=chain(text, routing.block_chars), chars=len(text), body=body, path=request.url.path)
+        return RouteKey(blocks=chain(text, routing.block_chars), text=text, body=body, path=request.url.path)
     if routing.affinity == "none" or len(backend.replicas) < 2:
         return None
     return route_key(body, request.headers, routing.session_header, routing.prefix_chars)

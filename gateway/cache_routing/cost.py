@@ -55,20 +55,21 @@ class Estimate:
 
 def estimate(place: Place) -> Estimate:
     load = max(float(place.outstanding), place.engine_load)
-    slots = place.slots or max(1.0, load)
-    ahead = max(0.0, load - slots + 1)
-    wait = ahead * place.service_seconds / slots
+    wait = 0.0  # no gateway cap: the engine batches it at once
+    if place.slots:
+        wait = max(0.0, load - place.slots + 1) * place.service_seconds / place.slots
     uncached = max(0.0, place.prompt_tokens - place.matched_tokens)
     rate = max(place.prefill_rate, 1e-3)
     return Estimate(wait, uncached / rate, EVICTION_WEIGHT * place.evicted_tokens / rate)
 
 
-def cheapest(places: Sequence[Place], among: Sequence[int]) -> tuple[int, str]:
+def cheapest(places: Sequence[Place], among: Sequence[int], rivals: Sequence[int] | None = None) -> tuple[int, str]:
     """The index of the cheapest place in `among` (non-empty) and why: `cache_hit` (it holds the most
-    of the prompt of all of them), `cache_load` (another holds more, but waiting there costs more than
-    recomputing here), or `cache_cold` (none holds any of it: the least loaded)."""
+    of the prompt of all the `rivals`, by default `among`), `cache_load` (another holds more, but
+    waiting there costs more than recomputing here, or it is over its bounded load), or `cache_cold`
+    (none holds any of it: the least loaded)."""
     best = min(among, key=lambda i: (estimate(places[i]).seconds, places[i].outstanding))
-    most = max(places[i].matched_tokens for i in among)
+    most = max(places[i].matched_tokens for i in (rivals if rivals is not None else among))
     if most <= 0:
         return best, "cache_cold"
     return best, "cache_hit" if places[best].matched_tokens >= most else "cache_load"

@@ -43,6 +43,7 @@ class Placement:
 
     blocks: tuple[int, ...]
     chars: int
+    text: str
     predicted: int
     """Leading blocks the index held when it chose."""
     precise_tokens: int | None = None
@@ -69,7 +70,7 @@ class ReplicaCache:
                  precise: PreciseCache | None = None) -> None:
         self.block_chars = block_chars
         self.index = PrefixIndex(index_blocks)
-        self.slots = SlotMap(slots) if slots else None
+        self.slots = SlotMap(slots, block_chars) if slots else None
         self.precise = precise
         self.prefill_rate = Ewma(PREFILL_PRIOR)
         self.service = Ewma(SERVICE_PRIOR)
@@ -91,13 +92,14 @@ class ReplicaCache:
         if self.precise is not None:
             self.precise.reset()
 
-    def place(self, blocks: tuple[int, ...], chars: int, outstanding: int, engine_load: float, slots: int | None,
+    def place(self, blocks: tuple[int, ...], text: str, outstanding: int, engine_load: float, slots: int | None,
               precise_tokens: int | None = None) -> tuple[Place, Placement]:
         """The cost's view of this replica for a prompt, and the prediction to check later."""
+        chars = len(text)
         predicted = self.index.match(blocks)
         cpt = self.chars_per_token.value
         matched = float(precise_tokens) if precise_tokens is not None else predicted * self.block_chars / cpt
-        placement = Placement(blocks, chars, predicted, precise_tokens)
+        placement = Placement(blocks, chars, text, predicted, precise_tokens)
         evicted = self.index.overflow(blocks, predicted) * self.block_chars / cpt
         return Place(outstanding, engine_load, slots, matched, chars / cpt, self.prefill_rate.value,
                      self.service.value, evicted), placement
@@ -110,13 +112,13 @@ class ReplicaCache:
     def dispatch(self, placement: Placement) -> int | None:
         """Its slot, once admitted (a slot is free then); None: the engine chooses."""
         placement.dispatched = time.perf_counter()
-        if self.slots is None or not placement.blocks:
+        if self.slots is None:
             return None
-        picked = self.slots.pick(placement.blocks)
+        picked = self.slots.pick(placement.text)
         if picked is None:
             return None
         placement.slot = picked[0]
-        self.slots.take(picked[0], placement.blocks)
+        self.slots.take(picked[0], placement.text)
         return placement.slot
 
     def first_token(self, placement: Placement) -> None:

@@ -132,7 +132,7 @@ class Balancer:
         n = len(candidates)
         start = self._next
         self._next = (self._next + 1) % n
-        index, reason = cheapest(places, sorted(within, key=lambda i: (i - start) % n))
+        index, reason = cheapest(places, sorted(within, key=lambda i: (i - start) % n), usable)
         return Choice(index, reason)
 
     def _least(self, candidates: Sequence[Candidate], among: Sequence[int]) -> int:

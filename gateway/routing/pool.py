@@ -104,8 +104,8 @@ class RouteKey:
     blocks: tuple[int, ...] = ()
     """Chained hashes of the whole prompt's text in fixed-size blocks (gateway/cache_routing/blocks.py):
     block i's hash covers blocks 0..i, so two prompts share a leading run exactly as long as their common prefix."""
-    chars: int = 0
-    """The prompt text's length, in characters, that `blocks` covers."""
+    text: str = field(default="", compare=False)
+    """The prompt's text that `blocks` cut (gateway/cache_routing/blocks.py: prompt_text)."""
     body: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
     """The request itself, for a replica whose engine tells exactly what it holds (precise mode tokenizes it)."""
     path: str = ""

@@ -177,7 +177,7 @@ class Backend:
     async def _lease(self, route: RouteKey | None, exclude: Collection[Replica], demand: Demand | None) -> Lease:
         """The replica's choice and its admission (see acquire)."""
         key = self.route_key(route)
-        by_cache = route is not None and bool(route.blocks) and self.routes_by_cache
+        by_cache = route is not None and bool(route.text) and self.routes_by_cache
         precise = await self._precise(route) if by_cache and route is not None else []
         placement: Placement | None = None
         for attempt in range(len(self.replicas) + 1):
@@ -189,7 +189,7 @@ class Backend:
             places: list[Place] | None = None
             placements: list[Placement] = []
             if by_cache and route is not None:
-                found = [self.cache_of(r).place(route.blocks, route.chars, c.outstanding, c.engine_load,
+                found = [self.cache_of(r).place(route.blocks, route.text, c.outstanding, c.engine_load,
                                                 r.admission.concurrency, precise[i] if i < len(precise) else None)
                          for i, (r, c) in enumerate(zip(pool, candidates, strict=True))]
                 places, placements = [f[0] for f in found], [f[1] for f in found]
