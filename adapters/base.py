@@ -217,6 +217,11 @@ class Adapter(abc.ABC):
         """Whether the engine serves now, known without I/O (a supervised process's state); None: unknown."""
         return None
 
+    def incarnation(self) -> object:
+        """Changes whenever the engine may have lost what it held in memory (its KV and prompt caches):
+        a supervised process's pid and restart count. None: not known (an external server)."""
+        return None
+
     async def engine_stats(self) -> EngineStats | None:
         """The engine's own metrics (queue, KV cache, tokens), polled by the gateway."""
         return None

@@ -269,6 +269,7 @@ SPEC = EngineSpec(
     speculation=("ngram",),
     quantized_kv="q8_0",
     default_concurrency=64,
+    slot_field="id_slot",
     server=ServerSpec(
         ready_path="/health",  # llama-server binds before loading: 503 while loading, 200 once it serves
         metrics_map={

@@ -148,6 +148,9 @@ class ServerAdapter(Adapter):
     def ready_now(self) -> bool | None:
         return self.process.state is ProcessState.READY
 
+    def incarnation(self) -> object:
+        return (self.process.pid, self.process.restarts)
+
     def gave_up(self) -> str | None:
         return (self.process.detail or "failed") if self.process.state is ProcessState.FAILED else None
 

@@ -158,6 +158,9 @@ class EngineSpec:
     """Requests let through to the engine at once; servers that batch take many."""
     container_image: str | None = None
     server: ServerSpec | None = None
+    slot_field: str | None = None
+    """The request field that sends a request to one of the engine's parallel slots (llama-server's
+    `id_slot`); the cache-aware router sets it to the slot that holds the request's prefix."""
 
     def create(self, config: EngineConfig) -> Adapter:
         return self.adapter(config, self)

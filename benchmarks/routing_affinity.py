@@ -76,7 +76,7 @@ def run_policy(label: str, args: argparse.Namespace, out_dir: Path) -> dict[str,
     with gateway(config_yaml=config, start_timeout=600) as gw:
         cmd = [sys.executable, "-m", "gateway", "bench", "--base-url", gw.base_url, "--model", MODEL,
                "--sessions", str(args.sessions), "--turns", str(args.turns),
-               "--shared-prefix-tokens", str(args.prefix), "--input-tokens", str(args.input_tokens),
+               "--session-prefix-tokens", str(args.prefix), "--input-tokens", str(args.input_tokens),
                "--output-tokens", str(args.output_tokens), "--seed", str(args.seed), "--warmup", "0",
                "--no-ceiling", "--no-progress", "--timeout", "1800", "--json", str(report)]
         done = subprocess.run(cmd, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},

@@ -30,8 +30,9 @@ class RoutingConfig(BaseModel):
 
     balance: Literal["least_outstanding", "round_robin"] = "least_outstanding"
     """Without affinity: the replica with the fewest outstanding requests, or each in turn."""
-    affinity: Literal["none", "prefix", "session"] = "none"
-    """prefix: a hash of the prompt's leading messages; session: `session_header`, else the body's `user`."""
+    affinity: Literal["cache", "none", "prefix", "session"] = "cache"
+    """cache: the replica where waiting plus recomputing the prompt's uncached part costs least (docs/routing.md);
+    none: the balance rule alone; prefix: a hash of the leading messages; session: `session_header`, else `user`."""
     session_header: str = "x-session-id"
     """The request header that names a session for `affinity: session`."""
     load_factor: float = Field(default=1.25, ge=1.0)
@@ -39,6 +40,13 @@ class RoutingConfig(BaseModel):
     prefix_chars: int = Field(default=65536, ge=16)
     """How much of the prompt (leading messages up to the first user message) the prefix hash covers:
     enough to tell conversations apart when they share a long system prompt."""
+    block_chars: int = Field(default=64, ge=8, le=4096)
+    """affinity cache: the prompt is indexed in blocks of this many characters (about 16 tokens at 64)."""
+    index_blocks: int = Field(default=65536, ge=256)
+    """affinity cache: the most blocks one replica's prefix index holds (its memory bound: about 100 bytes each);
+    it learns the engine's real cache size from the engine's reports below that."""
+    pin_slots: bool = True
+    """affinity cache, llama-server: send each request to the slot that holds its prefix (`id_slot`)."""
     failure_threshold: int = Field(default=3, ge=1)
     """Consecutive engine failures (errors, timeouts) that open a replica's circuit breaker."""
     open_seconds: float = Field(default=5.0, gt=0)

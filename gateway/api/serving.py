@@ -34,6 +34,7 @@ from gateway.api.fanout import Call
 from gateway.api.scheduling import observe_wait, refused, request_demand, with_engine_priority
 from gateway.routing import Backend, DeadlineExceeded, Lease, ModelUnavailable, QueueFull, Refusal, Replica, RouteKey
 from gateway.routing.health import is_retryable
+from gateway.cache_routing.blocks import chain, prompt_text
 from gateway.routing.route_key import route_key
 from gateway.scheduling import Demand
 from gateway.runtime import Runtime
@@ -223,10 +224,27 @@ async def admit(request: Request, backend: Backend, route: RouteKey | None = Non
 
 
 def request_route(request: Request, backend: Backend, body: dict[str, Any]) -> RouteKey | None:
-    """The request's session and prefix keys, when its model routes by affinity over several replicas."""
-    if backend.routing.affinity == "none" or len(backend.replicas) < 2:
+    """The request's session and prefix keys, when its model routes by affinity over several replicas;
+    its prompt's blocks when it routes by cache."""
+    routing = backend.routing
+    if routing.affinity == "cache":
+        if not backend.routes_by_cache:
+            return None
+        text = prompt_text(body)
+        if text is None:
+            return None
+        return RouteKey(blocks=chain(text, routing.block_chars), text=text, body=body, path=request.url.path)
+    if routing.affinity == "none" or len(backend.replicas) < 2:
         return None
-    return route_key(body, request.headers, backend.routing.session_header, backend.routing.prefix_chars)
+    return route_key(body, request.headers, routing.session_header, routing.prefix_chars)
+
+
+def with_slot(body: dict[str, Any], lease: Lease) -> dict[str, Any]:
+    """The engine slot the router chose, in the engine's own field; a slot the client named is kept."""
+    field = getattr(getattr(lease.adapter, "spec", None), "slot_field", None)
+    if lease.slot is None or field is None or field in body:
+        return body
+    return {**body, field: lease.slot}
 
 
 async def generate(
@@ -264,6 +282,7 @@ async def generate(
         log.info("client disconnected before the response to %s; its work was cancelled", backend.model_id)
         return Response(status_code=CLIENT_CLOSED)
     if isinstance(result, Completion):
+        lease.report(result.usage)
         lease.release()
         if result.usage is not None:
             _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
@@ -296,7 +315,7 @@ async def _admitted_call(
         lease = await admit(request, backend, route, exclude=tried, demand=demand)
         try:
             with request_timing(request.scope).upstream_span():
-                return lease, await operation(lease.adapter)(with_engine_priority(body, lease, demand), ctx)
+                return lease, await operation(lease.adapter)(with_slot(with_engine_priority(body, lease, demand), lease), ctx)
         except BaseException as exc:
             lease.release(exc)
             tried.append(lease.replica)
@@ -394,6 +413,7 @@ async def _sse(
     finally:
         drain.unregister(guarded)
         await events.aclose()  # type: ignore[attr-defined]
+        lease.report(usage)
         lease.release(failure)
         if not ended:
             m.disconnects.labels(backend.model_id, backend.engine).inc()

@@ -2,8 +2,9 @@
 
 from gateway.bench.client import RequestResult, Target, send
 from gateway.bench.load import Budget, Level, run_level
-from gateway.bench.runner import BenchError, BenchPlan, BenchResult, run_bench
-from gateway.bench.stats import SLO, Dist, LevelStats, distribution, summarize
+from gateway.bench.runner import BenchError, BenchPlan, BenchResult, bench_sessions, run_bench
+from gateway.bench.sessions import SessionSpec
+from gateway.bench.stats import SLO, Dist, LevelStats, PromptWork, distribution, summarize
 from gateway.bench.workload import BenchRequest, Length, PromptSource, parse_length
 
 __all__ = [
@@ -18,8 +19,11 @@ __all__ = [
     "Level",
     "LevelStats",
     "PromptSource",
+    "PromptWork",
     "RequestResult",
+    "SessionSpec",
     "Target",
+    "bench_sessions",
     "distribution",
     "parse_length",
     "run_bench",

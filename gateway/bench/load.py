@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -20,14 +20,31 @@ from gateway.bench.workload import PromptSource
 
 @dataclass(frozen=True)
 class Level:
-    kind: str  # "concurrency" or "rate"
-    value: float  # workers, or requests per second
+    kind: str  # "concurrency", "rate" or (multi-turn sessions only) "arrivals"
+    value: float  # workers (sessions in flight), requests per second, or sessions starting per second
 
     @property
     def label(self) -> str:
         if self.kind == "concurrency":
             return f"c={int(self.value)}"
+        if self.kind == "arrivals":
+            return f"arrivals={self.value:g}/s"
         return f"rate={self.value:g}/s"
+
+    @property
+    def open_loop(self) -> bool:
+        return self.kind in ("rate", "arrivals")
+
+
+def poisson_offsets(rate: float, rng: random.Random) -> Iterator[float]:
+    """Arrival times of a Poisson process at `rate` per second, in seconds after the start: the first at
+    0, then exponential gaps; the same rng state gives the same times."""
+    if rate <= 0:
+        raise ValueError("an arrival rate must be positive")
+    at = 0.0
+    while True:
+        yield at
+        at += rng.expovariate(rate)
 
 
 @dataclass(frozen=True)
@@ -101,15 +118,13 @@ async def run_level(session: aiohttp.ClientSession, target: Target, source: Prom
                 await one(index)
 
         tasks: list[asyncio.Task[None]] = []
-        next_at = start
-        while True:
-            delay = next_at - time.perf_counter()
+        for offset in poisson_offsets(level.value, rng):
+            delay = start + offset - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             if (index := issuer.take()) is None:
                 break
             tasks.append(asyncio.create_task(gated(index)))
-            next_at += rng.expovariate(level.value)
         await asyncio.gather(*tasks)
     else:
         raise ValueError(f"unknown level kind {level.kind!r}")

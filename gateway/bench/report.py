@@ -66,7 +66,8 @@ def render(result: BenchResult) -> str:
     lines = ["## enginegate bench", ""]
     for t in plan.targets:
         lines.append(f"- **{t.name}**: {t.url} (model `{t.model}`, {'streamed' if t.stream else 'not streamed'})")
-    budget = (f"every session's turns per level (c = sessions in flight)" if plan.sessions is not None
+    budget = ("every session's turns per level (c = sessions in flight, arrivals = sessions starting per second)"
+              if plan.sessions is not None
               else f"{plan.duration_s:g} s per level" if plan.duration_s is not None
               else f"{plan.requests} requests per level" if plan.requests is not None
               else "max(16, 4 x concurrency) or max(16, 10 s x rate) requests per level")
@@ -103,7 +104,7 @@ def render(result: BenchResult) -> str:
         lines += ["", "### First error of each kind", "",
                   table(head + ["error", "example"], [[*r[:-1], r[-1].replace("|", "\\|")[:120]] for r in errors])]
     if plan.sessions is not None:
-        lines += ["", turn_table(result)]
+        lines += ["", turn_table(result), "", prompt_work_table(result)]
     if multi:
         lines += ["", compare_table(result)]
     notes = sorted({n for levels in result.levels.values() for s in levels for n in s.notes})
@@ -134,6 +135,28 @@ def turn_table(result: BenchResult) -> str:
     note = ("\n\n`cached`: the share of prompt tokens the endpoint said it served from its cache "
             "(`usage.prompt_tokens_details.cached_tokens`; `-` where it does not say)")
     return "### Per turn (TTFT in ms)\n\n" + table(head, rows) + note
+
+
+def prompt_work_table(result: BenchResult) -> str:
+    """Prompt tokens the endpoint computed against the least a perfect prefix cache would: the figure
+    that tells routing policies apart when TTFT moves from run to run."""
+    multi = len(result.plan.targets) > 1
+    head = (["endpoint"] if multi else []) + ["level", "prompt tokens", "computed", "minimum", "computed/min",
+                                              "TTFT p50", "TTFT p90", "output tok/s"]
+    rows = []
+    for i in range(len(result.plan.levels)):
+        for t in result.plan.targets:
+            s = result.levels[t.name][i]
+            w = s.prompt_work
+            rows.append(([t.name] if multi else []) + [
+                s.label, _num(w.prompt_tokens if w else None, 0), _num(w.computed if w else None, 0),
+                _num(w.minimum if w else None, 0), "-" if w is None or w.ratio is None else f"{w.ratio:.2f}x",
+                _ms(s.ttft.p50), _ms(s.ttft.p90), _num(s.output_tps)])
+    note = ("\n\n`computed`: prompt tokens minus `usage.prompt_tokens_details.cached_tokens`, summed over the "
+            "answers (`-` where the endpoint does not report cached tokens). `minimum`: what a perfect cache "
+            "computes, from usage: the shared system prompt once, each session's first prompt beyond it once, "
+            "then per later turn prompt - previous prompt - previous reply")
+    return "### Prompt tokens computed against a perfect cache (TTFT in ms)\n\n" + table(head, rows) + note
 
 
 def _pct(value: float | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import time
@@ -13,7 +14,7 @@ from gateway.bench.ceiling import Ceiling, bound_warnings, measure_ceiling
 from gateway.bench.client import Counter, RequestResult, Target, make_session
 from gateway.bench.load import Budget, Level, LevelRun, run_level
 from gateway.bench.sessions import SessionRun, SessionSource, SessionSpec, run_sessions
-from gateway.bench.stats import SLO, LevelStats, per_turn, summarize
+from gateway.bench.stats import SLO, LevelStats, per_turn, prompt_work, summarize
 from gateway.bench.workload import PromptSource
 
 
@@ -72,8 +73,13 @@ def level_seed(seed: int, level: int, target: int) -> int:
     return seed * 1_000_003 + level * 1_009 + target
 
 
+def timing_seed(seed: int, level: int) -> int:
+    """Arrival and think times of a level: one for every target, so endpoints compared see the same times."""
+    return level_seed(seed, level, 0)
+
+
 def _connections(plan: BenchPlan) -> int:
-    if any(level.kind == "rate" for level in plan.levels) and not plan.max_concurrency:
+    if any(level.open_loop for level in plan.levels) and not plan.max_concurrency:
         return 0  # unlimited: open-loop arrivals must not queue inside the client
     values = [int(level.value) for level in plan.levels if level.kind == "concurrency"]
     return max([*values, plan.max_concurrency or 1, 1])
@@ -92,20 +98,24 @@ async def _warm_up(plan: BenchPlan, target: Target, counter: Counter | None) -> 
         raise BenchError(f"{target.name} ({target.url}): every warm-up request failed: {first.error}: {first.detail}")
 
 
-def _with_turns(stats: LevelStats, run: SessionRun) -> LevelStats:
+def _with_turns(stats: LevelStats, run: SessionRun, spec: SessionSpec) -> LevelStats:
     notes = list(stats.notes)
     if run.ended_early:
         notes.append(f"{stats.label}: {run.ended_early} sessions ended at a failed turn; their {run.unsent} later "
                      "turns were not sent")
-    return dataclasses.replace(stats, turns=per_turn(run.results), notes=notes)
+    return dataclasses.replace(stats, turns=per_turn(run.results), notes=notes,
+                               prompt_work=prompt_work(run.traces, shared=spec.shared_prefix_tokens > 0))
 
 
 async def run_bench(plan: BenchPlan, counter: Counter | None = None,
                     progress: ProgressFactory | None = None) -> BenchResult:
     if not plan.targets or not plan.levels:
         raise ValueError("a bench plan needs at least one target and one level")
-    if plan.sessions is not None and any(level.kind != "concurrency" for level in plan.levels):
-        raise ValueError("multi-turn sessions run closed-loop: give concurrency levels (sessions in flight), not rates")
+    if plan.sessions is not None and any(level.kind not in ("concurrency", "arrivals") for level in plan.levels):
+        raise ValueError("multi-turn sessions take concurrency levels (sessions in flight) or arrival rates "
+                         "(sessions starting per second), not request rates")
+    if plan.sessions is None and any(level.kind == "arrivals" for level in plan.levels):
+        raise ValueError("arrival rates (sessions per second) need multi-turn sessions")
     names = [t.name for t in plan.targets]
     if len(set(names)) != len(names):
         raise ValueError(f"target names must differ: {names}")
@@ -142,7 +152,7 @@ async def run_bench(plan: BenchPlan, counter: Counter | None = None,
                 run: LevelRun
                 if plan.sessions is not None:
                     run = await run_sessions(session, target, SessionSource(plan.sessions), level, seed,
-                                             counter=counter, on_done=done)
+                                             counter=counter, on_done=done, timing_seed=timing_seed(plan.seed, i))
                 else:
                     run = await run_level(session, target, plan.source, level, budget, seed=seed,
                                           counter=counter, on_done=done, max_concurrency=plan.max_concurrency)
@@ -150,8 +160,27 @@ async def run_bench(plan: BenchPlan, counter: Counter | None = None,
                 bar.close()
             stats = summarize(level.label, run.results, run.duration_s, plan.slo, run.client_cpu_s)
             if isinstance(run, SessionRun):
-                stats = _with_turns(stats, run)
+                assert plan.sessions is not None
+                stats = _with_turns(stats, run, plan.sessions)
             result.levels[target.name].append(stats)
             result.warnings.extend(f"{target.name} {w}" for w in bound_warnings(stats, ceiling))
     result.wall_s = time.perf_counter() - t0
     return result
+
+
+def bench_sessions(base_url: str, model: str, spec: SessionSpec, *, arrivals_per_s: float | None = None,
+                   concurrency: int | None = None, seed: int = 0, api_key: str | None = None, warmup: int = 0,
+                   timeout_s: float = 300.0, hold_length: bool = True) -> LevelStats:
+    """One multi-turn level against one endpoint, for scripts: sessions arriving at `arrivals_per_s`
+    (open loop) or `concurrency` in flight (closed loop; default all). The result carries TTFT
+    (`ttft.p50`, `ttft.p90`), `output_tps` and `prompt_work` (computed, minimum, ratio);
+    `dataclasses.asdict` makes it the same dict as one level of `enginegate bench --json`."""
+    if arrivals_per_s is not None and concurrency is not None:
+        raise ValueError("give an arrival rate (open loop) or a concurrency (closed loop), not both")
+    level = (Level("arrivals", arrivals_per_s) if arrivals_per_s is not None
+             else Level("concurrency", concurrency or spec.sessions))
+    source = PromptSource("chat", spec.turn_input, spec.output)  # the warm-up's requests
+    target = Target("A", base_url, model, api_key, hold_length=hold_length, timeout_s=timeout_s)
+    plan = BenchPlan([target], [level], source, warmup=warmup, seed=seed, ceiling=False, sessions=spec)
+    result = asyncio.run(run_bench(plan))
+    return result.levels["A"][0]

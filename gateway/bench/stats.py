@@ -71,6 +71,60 @@ class TurnStats:
     cached_fraction: float | None = None  # of the prompt tokens, the share served from the endpoint's cache
 
 
+@dataclass
+class SessionTrace:
+    """One multi-turn session as sent: `own_tokens` is the size, in the bench's words (one token each),
+    of what its first prompt holds beyond the shared system prompt (its own system prompt, its
+    document, its first user message); `results` its turns in order, up to the first failed one."""
+
+    own_tokens: int
+    results: list[RequestResult] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PromptWork:
+    """Prompt tokens the endpoint computed against the least a perfect prefix cache would compute."""
+
+    prompt_tokens: int  # sum of usage.prompt_tokens over the answered turns
+    computed: int | None  # sum of prompt_tokens - cached_tokens; None: some answer did not report cached tokens
+    minimum: int | None  # see minimum_prompt_tokens; None: some answer had no usage counts
+    shared_tokens: int  # the shared system prompt as counted once in the minimum (0: none shared)
+    ratio: float | None  # computed / minimum
+
+
+def minimum_prompt_tokens(sessions: Sequence[SessionTrace], shared: bool) -> tuple[int | None, int]:
+    """(the prompt tokens a perfect prefix cache computes, the shared part it counts once), from usage.
+
+    A perfect cache computes the shared system prompt once, each session's first prompt beyond it once,
+    and for each later turn only what is new since the previous turn's prompt and reply:
+    `P(t) - P(t-1) - C(t-1)` (P: usage.prompt_tokens, C: usage.completion_tokens; at least 0). The
+    shared part, in the engine's tokens with its chat template, is `min over sessions of P(1) - own`,
+    where `own` is the session's own text in words: the template tokens around the session's own text
+    are so counted as shared, so the minimum errs low by a few tokens per session, never high. Only
+    answered turns count (a session stops at its first failed turn)."""
+    answered = [[r for r in s.results if r.ok] for s in sessions]
+    if any(r.prompt_tokens is None or r.completion_tokens is None for turns in answered for r in turns):
+        return None, 0
+    firsts = [(s.own_tokens, turns[0].prompt_tokens or 0) for s, turns in zip(sessions, answered) if turns]
+    if not firsts:
+        return None, 0
+    common = max(0, min(p1 - own for own, p1 in firsts)) if shared else 0
+    total = common + sum(p1 - common for _, p1 in firsts)
+    for turns in answered:
+        for prev, cur in zip(turns, turns[1:]):
+            total += max(0, (cur.prompt_tokens or 0) - (prev.prompt_tokens or 0) - (prev.completion_tokens or 0))
+    return total, common
+
+
+def prompt_work(sessions: Sequence[SessionTrace], shared: bool) -> PromptWork:
+    ok = [r for s in sessions for r in s.results if r.ok]
+    minimum, common = minimum_prompt_tokens(sessions, shared)
+    told = all(r.cached_tokens is not None and r.prompt_tokens is not None for r in ok)
+    computed = sum((r.prompt_tokens or 0) - (r.cached_tokens or 0) for r in ok) if ok and told else None
+    ratio = computed / minimum if computed is not None and minimum else None
+    return PromptWork(sum(r.prompt_tokens or 0 for r in ok), computed, minimum, common, ratio)
+
+
 @dataclass(frozen=True)
 class LevelStats:
     label: str
@@ -98,6 +152,7 @@ class LevelStats:
     notes: list[str] = field(default_factory=list)
     turns: list[TurnStats] = field(default_factory=list)  # multi-turn sessions only: one entry per turn
     cached_fraction: float | None = None  # prompt tokens served from the endpoint's cache, where usage says
+    prompt_work: PromptWork | None = None  # multi-turn sessions only: prompt tokens computed against the minimum
 
 
 def cached_fraction(results: Sequence[RequestResult]) -> float | None:

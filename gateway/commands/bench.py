@@ -56,8 +56,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     conv.add_argument("--sessions", type=int, help="run N conversations instead of independent requests; "
                       "--concurrency is then the number of sessions in flight (default: all N)")
     conv.add_argument("--turns", type=int, default=4, help="turns per session (default 4)")
-    conv.add_argument("--shared-prefix-tokens", type=int, default=1000,
-                      help="each session's own system prompt, in tokens, shared by its turns (default 1000)")
+    conv.add_argument("--arrival-rate", metavar="R",
+                      help="open loop: sessions start as a seeded Poisson process at R per second (a list sweeps), "
+                           "instead of --concurrency sessions in flight")
+    conv.add_argument("--think-seconds", type=float, default=0.0, metavar="S",
+                      help="pause before each later turn: exponential with mean S seconds, seeded (default 0)")
+    conv.add_argument("--shared-prefix-tokens", type=int, default=0, metavar="N",
+                      help="a system prompt of N tokens that every session opens with (default 0)")
+    conv.add_argument("--session-prefix-tokens", type=int, default=None, metavar="K",
+                      help="each session's own system prompt, after the shared one (default 1000 when neither "
+                           "--shared-prefix-tokens nor --document-tokens is given, else 0)")
+    conv.add_argument("--document-tokens", type=int, default=0, metavar="N",
+                      help="each session's own document of N tokens, at the start of its first user message (default 0)")
     conv.add_argument("--session-header", default=SESSION_HEADER,
                       help=f"header carrying the session id (default {SESSION_HEADER}; '' sends none)")
     conv.add_argument("--no-session-user", dest="session_user", action="store_false",
@@ -115,7 +125,11 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
     source = PromptSource(args.endpoint, parse_length(args.input_tokens), parse_length(args.output_tokens),
                           load_jsonl(args.prompts) if args.prompts else None)
     sessions = _sessions(args, source) if args.sessions is not None else None
-    if sessions is not None and not args.concurrency:
+    if sessions is None and args.arrival_rate:
+        raise ValueError("--arrival-rate starts multi-turn sessions: give --sessions N (for requests, --rate)")
+    if sessions is not None and args.arrival_rate:
+        levels = [Level("arrivals", v) for v in _floats(args.arrival_rate, "--arrival-rate")]
+    elif sessions is not None and not args.concurrency:
         levels = [Level("concurrency", sessions.sessions)]
     model = args.model or _first_model(args.base_url, args.api_key)
     common = {"endpoint": args.endpoint, "stream": args.stream, "hold_length": args.hold_length,
@@ -133,15 +147,27 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
 
 def _sessions(args: argparse.Namespace, source: PromptSource) -> SessionSpec:
     clash = [flag for flag, value in (("--rate", args.rate), ("--requests", args.requests), ("--duration", args.duration),
-                                      ("--prompts", args.prompts)) if value]
+                                      ("--prompts", args.prompts), ("--max-concurrency", args.max_concurrency))
+             if value]
     if clash:
-        raise ValueError(f"--sessions runs every session's turns closed-loop; it cannot be combined with {', '.join(clash)}")
+        raise ValueError(f"--sessions runs every session's turns (open loop: --arrival-rate); it cannot be combined "
+                         f"with {', '.join(clash)}")
+    if args.arrival_rate and args.concurrency:
+        raise ValueError("--sessions: give --arrival-rate (sessions starting per second) or --concurrency "
+                         "(sessions in flight), not both")
     if args.endpoint != "chat":
         raise ValueError("--sessions needs --endpoint chat (a conversation is a list of messages)")
-    if args.sessions < 1 or args.turns < 1 or args.shared_prefix_tokens < 0:
-        raise ValueError("--sessions and --turns must be >= 1, --shared-prefix-tokens >= 0")
-    return SessionSpec(args.sessions, args.turns, args.shared_prefix_tokens, source.input_len, source.output_len,
-                       args.session_header or None, args.session_user)
+    own = args.session_prefix_tokens
+    if own is None:
+        own = 0 if args.shared_prefix_tokens or args.document_tokens else 1000
+    if args.sessions < 1 or args.turns < 1 or min(args.shared_prefix_tokens, own, args.document_tokens) < 0:
+        raise ValueError("--sessions and --turns must be >= 1; --shared-prefix-tokens, --session-prefix-tokens "
+                         "and --document-tokens >= 0")
+    if args.think_seconds < 0:
+        raise ValueError("--think-seconds must be >= 0")
+    return SessionSpec(args.sessions, args.turns, own, source.input_len, source.output_len,
+                       args.session_header or None, args.session_user, args.shared_prefix_tokens,
+                       args.document_tokens, args.think_seconds)
 
 
 def _progress_factory(enabled: bool):  # type: ignore[no-untyped-def]

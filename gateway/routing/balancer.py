@@ -14,6 +14,10 @@ home replica when that replica does. One hot key spills to its second choice, th
 as soon as its home holds more than its share plus the margin. A replica where requests already
 queue (in the gateway, or in its engine by its own waiting count or a full KV cache) is treated
 as over the bound while another is not.
+
+`affinity: cache` weighs each replica by cost instead (gateway/cache_routing/cost.py): the wait
+for a slot there against recomputing the part of the prompt it does not hold; the same bound
+keeps one hot prefix from sinking a replica.
 """
 
 from __future__ import annotations
@@ -24,12 +28,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from gateway.cache_routing.cost import Place, cheapest
+
 Balance = Literal["least_outstanding", "round_robin"]
-Affinity = Literal["none", "prefix", "session"]
-REASONS = ("least_outstanding", "round_robin", "affinity", "affinity_spill", "affinity_failover", "probe", "no_healthy")
+Affinity = Literal["none", "prefix", "session", "cache"]
+REASONS = ("least_outstanding", "round_robin", "affinity", "affinity_spill", "affinity_failover",
+           "cache_hit", "cache_load", "cache_cold", "probe", "no_healthy")
 """Why a replica was chosen: the balance rule; the key's home replica; its next choice because the
-home was over its bound or queueing (spill) or unavailable (failover); a half-open breaker's trial
-request; or no replica was healthy, so the least loaded one was tried anyway."""
+home was over its bound or queueing (spill) or unavailable (failover); by cost, the replica holding
+most of the prompt (cache_hit), one holding less where waiting costs less (cache_load), the least
+loaded where none holds any (cache_cold); a half-open breaker's trial request; or no replica was
+healthy, so the least loaded one was tried anyway."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +91,10 @@ class Balancer:
         self.load_factor = load_factor
         self._next = 0
 
-    def choose(self, candidates: Sequence[Candidate], key: str | None = None) -> Choice | None:
-        """None only when there are no candidates at all."""
+    def choose(self, candidates: Sequence[Candidate], key: str | None = None,
+               places: Sequence[Place] | None = None) -> Choice | None:
+        """None only when there are no candidates at all. `places`: each candidate's cost facts, for
+        `affinity: cache` (without them, as for a request with no prompt, the balance rule decides)."""
         if not candidates:
             return None
         usable = [i for i, c in enumerate(candidates) if c.available]
@@ -92,7 +103,10 @@ class Balancer:
         for i in usable:
             if candidates[i].probe:
                 return Choice(i, "probe")
-        if key is not None and self.affinity != "none":
+        if self.affinity == "cache":
+            if places is not None:
+                return self._by_cost(candidates, usable, places)
+        elif key is not None and self.affinity != "none":
             return self._affine(candidates, usable, key)
         if self.balance == "round_robin":
             return Choice(self._round_robin(len(candidates), usable), "round_robin")
@@ -111,6 +125,15 @@ class Balancer:
                 return Choice(i, "affinity")
             return Choice(i, "affinity_failover" if not candidates[home].available else "affinity_spill")
         return Choice(self._least(candidates, usable), "affinity_spill")
+
+    def _by_cost(self, candidates: Sequence[Candidate], usable: list[int], places: Sequence[Place]) -> Choice:
+        cap = bound(candidates, usable, self.load_factor)
+        within = [i for i in usable if candidates[i].outstanding < cap] or usable
+        n = len(candidates)
+        start = self._next
+        self._next = (self._next + 1) % n
+        index, reason = cheapest(places, sorted(within, key=lambda i: (i - start) % n), usable)
+        return Choice(index, reason)
 
     def _least(self, candidates: Sequence[Candidate], among: Sequence[int]) -> int:
         """Fewest outstanding (the engine's own count where it is higher); ties rotate so idle replicas share."""

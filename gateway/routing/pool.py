@@ -7,10 +7,12 @@ the error it ended with, if any, is passed to `release` so the replica's breaker
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from adapters.base import Adapter
+from adapters.base import Adapter, Usage
+from gateway.cache_routing.tracker import Placement, ReplicaCache
 from gateway.routing.admission import Admission, Ticket
 from gateway.routing.balancer import Candidate
 from gateway.routing.health import Breaker, is_failure
@@ -35,6 +37,8 @@ class Replica:
     """Where its slot count came from: user, launch, engine (reported), engine default, or none (no cap)."""
     served: int = 0
     failed: int = 0
+    cache: ReplicaCache | None = None
+    """What the cache-aware router tracks of its engine's cache (made on first use by `affinity: cache`)."""
 
     @property
     def outstanding(self) -> int:
@@ -76,8 +80,19 @@ class Replica:
             "served": self.served,
             "failed": self.failed,
             "breaker_opens": self.breaker.opens,
+            **self._cache_status(),
             **{k: v for k, v in self.adapter.describe().items() if k in ("base_url", "port", "pid", "restarts")},
         }
+
+    def _cache_status(self) -> dict[str, object]:
+        cache = self.cache
+        if cache is None:
+            return {}
+        c = cache.counts
+        return {"prefix_index": {"blocks": len(cache.index), "capacity": cache.index.capacity, "hits": c.hit,
+                                 "misses": c.miss, "more": c.more, "prompt_tokens": c.prompt_tokens,
+                                 "cached_tokens": c.cached_tokens, "prefill_tokens_per_second": round(cache.prefill_rate.value, 1),
+                                 "service_seconds": round(cache.service.value, 3), "slots": cache.slots is not None}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +104,11 @@ class RouteKey:
     blocks: tuple[int, ...] = ()
     """Chained hashes of the whole prompt's text in fixed-size blocks (gateway/cache_routing/blocks.py):
     block i's hash covers blocks 0..i, so two prompts share a leading run exactly as long as their common prefix."""
-    chars: int = 0
-    """The prompt text's length, in characters, that `blocks` covers."""
+    text: str = field(default="", compare=False)
+    """The prompt's text that `blocks` cut (gateway/cache_routing/blocks.py: prompt_text)."""
+    body: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    """The request itself, for a replica whose engine tells exactly what it holds (precise mode tokenizes it)."""
+    path: str = ""
 
 
 @dataclass(eq=False, slots=True)
@@ -99,11 +117,15 @@ class Lease:
 
     replica: Replica
     reason: str = ""
+    """Why the balancer chose this replica (a label of enginegate_routing_decisions)."""
     ticket: Ticket | None = None
     """Its admission's hold (flow, prefill budget)."""
-    """Why the balancer chose this replica (a label of enginegate_routing_decisions)."""
     on_release: Callable[[], None] | None = None
     """The lifecycle's in-flight count for the model (it is not evicted while a lease is held)."""
+    placement: Placement | None = None
+    """The cache-aware router's prediction for this request here (checked against the engine's usage)."""
+    slot: int | None = None
+    """The engine slot it was sent to (`slot_field` in the body), when the router chose one."""
     released: bool = field(default=False, init=False)
 
     @property
@@ -114,6 +136,13 @@ class Lease:
         """Its first token came (the prefill budget frees its prompt)."""
         if self.ticket is not None and not self.released:
             self.replica.admission.prefilled(self.ticket)
+        if self.placement is not None and self.replica.cache is not None:
+            self.replica.cache.first_token(self.placement)
+
+    def report(self, usage: Usage | None) -> None:
+        """The engine's usage for the request: what it reused of the prompt corrects the router's index."""
+        if self.placement is not None and self.replica.cache is not None:
+            self.replica.cache.report(self.placement, usage)
 
     def release(self, error: BaseException | None = None) -> None:
         if self.released:
@@ -121,6 +150,8 @@ class Lease:
         self.released = True
         replica = self.replica
         replica.admission.release(self.ticket)
+        if self.placement is not None and replica.cache is not None:
+            replica.cache.end(self.placement)
         replica.breaker.record(error)
         if error is None:
             replica.served += 1

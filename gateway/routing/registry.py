@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import Adapter, EngineStats, Health
 from gateway.config import RoutingConfig
 from gateway.planning import Plan
+from gateway.cache_routing.cost import Place
+from gateway.cache_routing.tracker import Placement, ReplicaCache
+from gateway.routing import capacity
 from gateway.routing.admission import Admission
 from gateway.routing.balancer import Balancer
 from gateway.routing.health import BreakerState
@@ -99,10 +102,51 @@ class Backend:
         return total
 
     def route_key(self, route: RouteKey | None) -> str | None:
-        """The affinity key this backend routes on (None: balance by load alone)."""
-        if route is None or self.routing.affinity == "none":
+        """The affinity key this backend routes on (None: balance by load alone, or by cost)."""
+        if route is None or self.routing.affinity in ("none", "cache"):
             return None
         return route.session if self.routing.affinity == "session" else route.prefix
+
+    @property
+    def routes_by_cache(self) -> bool:
+        """Requests carry their prompt's blocks: `affinity: cache` over several replicas, or over one
+        whose slots the router picks."""
+        if self.routing.affinity != "cache" or not self.replicas:
+            return False
+        return len(self.replicas) > 1 or self.pinned_slots(self.replicas[0]) is not None
+
+    def pinned_slots(self, replica: Replica) -> int | None:
+        """How many engine slots the router addresses on this replica (`slot_field`), or None: the
+        engine chooses. Only where the gateway admits exactly as many requests as the engine has slots,
+        so the slot it picks is always free."""
+        spec = getattr(replica.adapter, "spec", None)
+        if not self.routing.pin_slots or getattr(spec, "slot_field", None) is None:
+            return None
+        slots = capacity.engine_limit(replica.adapter.engine, getattr(replica.adapter, "options", {}))
+        return slots if slots is not None and slots == replica.admission.concurrency else None
+
+    def cache_of(self, replica: Replica) -> ReplicaCache:
+        if replica.cache is None:
+            replica.cache = ReplicaCache(self.routing.index_blocks, self.routing.block_chars, self.pinned_slots(replica))
+        replica.cache.follow(replica.adapter.incarnation())
+        return replica.cache
+
+    async def _precise(self, route: RouteKey) -> list[int | None]:
+        """What each replica's engine says it holds of the prompt, where it tells (None elsewhere)."""
+        views = [self.cache_of(r).precise for r in self.replicas]
+        if route.body is None or all(v is None for v in views):
+            return [None] * len(views)
+
+        async def ask(view: Any) -> int | None:
+            if view is None:
+                return None
+            try:
+                return await view.matched_tokens(route.body, route.path)
+            except Exception as exc:  # a view that fails is no view: the approximate index decides
+                log.warning("%s: the precise cache view failed: %s", self.model_id, exc)
+                return None
+
+        return list(await asyncio.gather(*(ask(v) for v in views)))
 
     async def acquire(self, route: RouteKey | None = None, exclude: Collection[Replica] = (),
                       demand: Demand | None = None) -> Lease:
@@ -133,19 +177,32 @@ class Backend:
     async def _lease(self, route: RouteKey | None, exclude: Collection[Replica], demand: Demand | None) -> Lease:
         """The replica's choice and its admission (see acquire)."""
         key = self.route_key(route)
+        by_cache = route is not None and bool(route.text) and self.routes_by_cache
+        precise = await self._precise(route) if by_cache and route is not None else []
+        placement: Placement | None = None
         for attempt in range(len(self.replicas) + 1):
             pool = self.replicas
             candidates = [r.candidate() for r in pool]
             if exclude:  # a retry: the replicas it failed on count as down (a keyed request fails over)
                 candidates = [dataclasses.replace(c, available=False, probe=False) if r in exclude else c
                               for r, c in zip(pool, candidates, strict=True)]
-            choice = self.balancer.choose(candidates, key)
+            places: list[Place] | None = None
+            placements: list[Placement] = []
+            if by_cache and route is not None:
+                found = [self.cache_of(r).place(route.blocks, route.text, c.outstanding, c.engine_load,
+                                                r.admission.concurrency, precise[i] if i < len(precise) else None)
+                         for i, (r, c) in enumerate(zip(pool, candidates, strict=True))]
+                places, placements = [f[0] for f in found], [f[1] for f in found]
+            choice = self.balancer.choose(candidates, key, places)
             assert choice is not None
             replica, reason = pool[choice.index], choice.reason
             if replica.admission.full:
                 replica = self._roomier(pool, replica)
-                if replica is not pool[choice.index] and reason == "affinity":
-                    reason = "affinity_spill"
+                if replica is not pool[choice.index] and reason in ("affinity", "cache_hit"):
+                    reason = "affinity_spill" if reason == "affinity" else "cache_load"
+            placement = placements[pool.index(replica)] if placements else None
+            if placement is not None:
+                self.cache_of(replica).chosen(placement)
             probe = replica.breaker.dispatched()  # before any wait: one trial request at a time
             try:
                 ticket = await replica.admission.acquire(demand)
@@ -157,7 +214,10 @@ class Backend:
                 replica.admission.release(ticket)  # it died while we waited for its slot: choose again
                 continue
             break
-        return Lease(replica, reason, ticket)
+        lease = Lease(replica, reason, ticket, placement=placement)
+        if placement is not None and replica.cache is not None:
+            lease.slot = replica.cache.dispatch(placement)
+        return lease
 
     @staticmethod
     def _roomier(pool: list[Replica], chosen: Replica) -> Replica:

@@ -38,11 +38,18 @@ class Instance:
     """Its engine runs the model's weights here (False: an external URL)."""
 
 
+SPLIT_MEMORY = ("cache_ram_mib",)
+"""Host-RAM sizes the plan made for one engine (llama-server's prompt cache), shared out among its local
+replicas as the threads are, so N replicas hold what the plan budgeted for one; a user's size is each one's."""
+
+
 def _split_threads(options: dict[str, Any], user: Mapping[str, Any], engine: str, count: int, cpus: int) -> dict[str, Any]:
-    if count <= 1 or engine not in THREADED or user.get("threads"):
+    if count <= 1 or engine not in THREADED:
         return options
-    planned = int(options.get("threads") or cpus)
-    return {**options, "threads": max(1, planned // count)}
+    split = {k: max(1, int(options[k]) // count) for k in SPLIT_MEMORY if options.get(k) and not user.get(k)}
+    if not user.get("threads"):
+        split["threads"] = max(1, int(options.get("threads") or cpus) // count)
+    return {**options, **split}
 
 
 def instances(config: ModelConfig, engine: str, options: Mapping[str, Any], user: Mapping[str, Any],

@@ -132,7 +132,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_sessions_report_per_turn_ttft_and_json() -> None:
     with running_emulator("vllm", "--ttft-ms", "20", "--itl-ms", "1") as emu:
-        done = cli("--base-url", emu.base_url, "--sessions", "3", "--turns", "3", "--shared-prefix-tokens", "30",
+        done = cli("--base-url", emu.base_url, "--sessions", "3", "--turns", "3", "--session-prefix-tokens", "30",
                    "--input-tokens", "6", "--output-tokens", "4", "--json", "--no-progress", "--no-ceiling",
                    "--warmup", "1")
     assert done.returncode == 0, done.stderr
@@ -163,3 +163,71 @@ def test_cached_prompt_tokens_come_from_usage() -> None:
     assert (told.cached_tokens, silent.cached_tokens, odd.cached_tokens) == (300, None, None)
     assert cached_fraction([told, silent, odd]) == 0.75  # over the answers that said
     assert cached_fraction([silent]) is None
+
+
+async def test_open_loop_sessions_start_on_schedule_and_think_between_turns() -> None:
+    from gateway.bench.sessions import schedule
+
+    s = SessionSpec(4, 3, 0, Length("fixed", USER_WORDS), Length("fixed", 2), think_seconds=0.05)
+    plan = schedule(s, 5.0, seed=21)
+    assert plan.starts is not None
+    with running_emulator("vllm", "--ttft-ms", "10", "--itl-ms", "1") as emu:
+        target = Target("emu", emu.url, "emulated-model")
+        async with make_session(0) as session:
+            run = await run_sessions(session, target, SessionSource(s), Level("arrivals", 5.0), seed=3, timing_seed=21)
+    assert len(run.results) == 12 and all(r.ok for r in run.results) and len(run.traces) == 4
+    t0 = min(r.start for r in run.results)
+    for index, trace in enumerate(run.traces):
+        first, *later = trace.results
+        # each session opens at its own arrival time, whatever the others are doing (open loop)
+        assert first.start - t0 >= plan.starts[index] - plan.starts[0] - 0.005  # (clocks: perf_counter vs loop)
+        for turn, (prev, cur) in enumerate(zip(trace.results, later)):
+            assert cur.start - prev.end >= plan.thinks[index][turn]
+
+
+def test_cli_open_loop_shared_prompt_and_documents_report_the_minimum(tmp_path: Path) -> None:
+    # the emulator counts words: every prompt's size is known, so the minimum is exact here
+    log = tmp_path / "requests.jsonl"
+    with running_emulator("vllm", "--itl-ms", "1", "--record-requests", str(log)) as emu:
+        done = cli("--base-url", emu.base_url, "--sessions", "3", "--turns", "3", "--arrival-rate", "20",
+                   "--think-seconds", "0.01", "--shared-prefix-tokens", "30", "--document-tokens", "20",
+                   "--input-tokens", "6", "--output-tokens", "4", "--seed", "5", "--json", "--no-progress",
+                   "--no-ceiling", "--warmup", "0")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["sessions"]["shared_prefix_tokens"] == 30 and report["sessions"]["session_prefix_tokens"] == 0
+    (level,) = report["results"]["A"]
+    assert level["label"] == "arrivals=20/s" and level["ok"] == 9
+    work = level["prompt_work"]
+    # turn 1: 30 shared + 20 document + 6 question; each later turn adds the 4-word reply and 6 words
+    assert work["prompt_tokens"] == 3 * (56 + 66 + 76)
+    assert work["shared_tokens"] == 30
+    assert work["minimum"] == 30 + 3 * 26 + 3 * 2 * 6
+    assert work["computed"] is None and work["ratio"] is None  # this emulator reports no cached tokens
+    assert "### Prompt tokens computed against a perfect cache" in done.stderr
+    bodies = [rec["body"] for rec in records(log)]
+    systems = {b["messages"][0]["content"] for b in bodies}
+    assert len(systems) == 1 and len(next(iter(systems)).split()) == 30  # one system prompt, shared by all
+    documents = {b["messages"][1]["content"].split("\n\n")[0] for b in bodies}
+    assert len(documents) == 3 and all(len(d.split()) == 20 for d in documents)  # one document per session
+
+
+def test_cli_rejects_arrival_rates_with_concurrency_or_without_sessions() -> None:
+    for args in (["--sessions", "2", "--arrival-rate", "1", "--concurrency", "2"], ["--arrival-rate", "1"],
+                 ["--sessions", "2", "--arrival-rate", "1", "--max-concurrency", "1"],
+                 ["--sessions", "2", "--arrival-rate", "0"], ["--sessions", "2", "--think-seconds", "-1"]):
+        bad = cli("--base-url", "http://127.0.0.1:9", "--model", "m", *args)
+        assert bad.returncode == 2 and "enginegate bench:" in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
+
+
+def test_scripts_get_the_same_figures_from_bench_sessions() -> None:
+    from gateway.bench.runner import bench_sessions
+
+    s = SessionSpec(2, 2, 0, Length("fixed", 6), Length("fixed", 4), shared_prefix_tokens=30, document_tokens=20)
+    with running_emulator("vllm", "--itl-ms", "1") as emu:
+        stats = bench_sessions(emu.base_url, "emulated-model", s, arrivals_per_s=10.0, seed=5)
+    assert stats.label == "arrivals=10/s" and stats.ok == 4
+    assert stats.prompt_work is not None and stats.prompt_work.minimum == 30 + 2 * 26 + 2 * 6
+    assert stats.ttft.p50 is not None and stats.ttft.p90 is not None and stats.output_tps > 0
+    with pytest.raises(ValueError, match="not both"):
+        bench_sessions("http://127.0.0.1:9", "m", s, arrivals_per_s=1.0, concurrency=2)

@@ -49,6 +49,21 @@ def test_local_replicas_split_threads(replicas: int, options: dict[str, Any], us
         assert "instance" not in found[0].options
 
 
+@pytest.mark.parametrize(
+    ("replicas", "options", "user", "sizes"),
+    [
+        (1, {"cache_ram_mib": 4096}, {}, [4096]),  # one replica: the plan's prompt cache as it is
+        (2, {"cache_ram_mib": 4096}, {}, [2048, 2048]),  # two: the plan's RAM shared out, not doubled
+        (2, {"cache_ram_mib": 0}, {}, [0, 0]),  # off stays off
+        (2, {"cache_ram_mib": 1024}, {"cache_ram_mib": 1024}, [1024, 1024]),  # the user's size is each one's
+    ],
+)
+def test_local_replicas_share_the_planned_prompt_cache(replicas: int, options: dict[str, Any], user: dict[str, Any],
+                                                       sizes: list[int]) -> None:
+    found = instances(ModelConfig(engine="llama_server", replicas=replicas), "llama_server", options, user, [], cpus=2)
+    assert [i.options["cache_ram_mib"] for i in found] == sizes
+
+
 def test_backends_follow_the_models_replicas() -> None:
     config = ModelConfig(engine="llama_server", replicas=2)
     external = ("openai", {"base_url": "http://h:1"}, {}, False)
