@@ -216,8 +216,10 @@ class KvEventsCache:
 
     @property
     def answering(self) -> bool:
-        """True while `matched_tokens` can answer (subscribed, caught up, no unfilled gap)."""
-        return self._caught_up and self._feed.trusted
+        """True while `matched_tokens` can answer: following the engine's current launch, caught up
+        with its events, no unfilled gap."""
+        link = self._link()
+        return self._caught_up and self._feed.trusted and link is not None and link.events == self._launch
 
     async def start(self) -> None:
         if self._task is not None and not self._task.done():
@@ -248,7 +250,7 @@ class KvEventsCache:
 
     async def matched_tokens(self, body: Mapping[str, Any], path: str) -> int | None:
         feed, link = self._feed, self._link()
-        if not self.answering or link is None or link.events != self._launch:
+        if not self.answering or link is None:
             return None
         if not len(feed.index):
             return 0  # the engine holds nothing: no need to tokenize
