@@ -215,6 +215,11 @@ class KvEventsCache:
         return self._feed.index
 
     @property
+    def next_seq(self) -> int:
+        """The sequence number of the engine's next batch of events (how far the view has read)."""
+        return self._feed.next_seq
+
+    @property
     def answering(self) -> bool:
         """True while `matched_tokens` can answer: following the engine's current launch, caught up
         with its events, no unfilled gap."""

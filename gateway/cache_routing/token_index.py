@@ -43,6 +43,9 @@ class TokenBlockIndex:
         self._copies: dict[EngineHash, int] = {}
         self.skipped = 0
         """Blocks not indexed: an unknown parent, extra keys, another block size, a malformed event."""
+        self.events_stored = 0
+        self.events_removed = 0
+        """Blocks the engine said it stored and evicted (indexed or not)."""
 
     def __len__(self) -> int:
         return len(self._held)
@@ -51,6 +54,7 @@ class TokenBlockIndex:
                block_size: int, plain: bool = True) -> int:
         """The engine cached `hashes`, consecutive blocks of `token_ids` following `parent` (None: the
         first blocks of a prompt). Returns how many were indexed."""
+        self.events_stored += len(hashes)
         if self.block_size is None and plain and block_size > 0:
             self.block_size = block_size
         if (not plain or block_size != self.block_size or len(token_ids) != len(hashes) * block_size
@@ -77,6 +81,7 @@ class TokenBlockIndex:
 
     def removed(self, hashes: Sequence[EngineHash]) -> None:
         """The engine evicted one copy of each of these blocks (unknown ones are ignored)."""
+        self.events_removed += len(hashes)
         for engine_hash in hashes:
             copies = self._copies.get(engine_hash)
             if copies is None:
