@@ -17,6 +17,7 @@ one it would connect to instead). `describe()` names them (`kv_events_endpoint`,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -74,6 +75,8 @@ def engine_args(model_path: str, served: str, opts: LaunchOptions, endpoint: End
 
 KV_EVENTS_REPLAY_STEPS = 10_000
 """Engine steps of events vLLM keeps for a subscriber that missed some (its default)."""
+KV_EVENTS_READER = ("zmq", "msgspec")
+"""What the gateway's own interpreter needs to read them (the kv-events extra)."""
 IPC_PATH_MAX = 100
 """A unix socket's path must fit sockaddr_un (108 bytes on Linux, 104 on macOS)."""
 
@@ -106,6 +109,9 @@ def check_kv_events(options: Mapping[str, Any], opts: LaunchOptions) -> bool:
         raise LaunchConfigError(f"options.kv_events must be true or false, got {wanted!r}")
     if wanted and opts.prefix_caching is False:
         raise LaunchConfigError("options.kv_events needs prefix caching: options.prefix_caching is false")
+    if wanted and not all(importlib.util.find_spec(m) for m in KV_EVENTS_READER):
+        raise LaunchConfigError("options.kv_events: the gateway reads the events with pyzmq and msgspec: "
+                                "pip install 'enginegate[kv-events]'")
     if wanted and opts.data_parallel > 1:  # each rank caches apart (and vLLM offsets tcp ports only)
         raise LaunchConfigError("options.kv_events works with one data-parallel rank (options.data_parallel is "
                                 f"{opts.data_parallel}): run the ranks as replicas of their own")

@@ -18,7 +18,7 @@ from adapters.process import Endpoint
 from adapters.sglang import sglang_argv
 from adapters.tensorrt_llm import extra_options, trtllm_argv
 from adapters.vllm import VllmServer, vllm_argv, vllm_env
-from adapters import registry
+from adapters import registry, vllm
 from adapters.config import EngineConfig
 
 EP = Endpoint("127.0.0.1", 9000, "KEY")
@@ -225,8 +225,13 @@ def test_vllm_kv_events_publish_on_private_ipc_sockets_with_prefix_caching_on() 
     ({"kv_events": "yes"}, "options.kv_events must be true or false"),
     ({"kv_events": True, "prefix_caching": False}, "needs prefix caching"),
     ({"kv_events": True, "data_parallel": 2}, "one data-parallel rank"),
+    ({"kv_events": True, "python": PY, "__hide_reader__": True}, "pip install 'enginegate[kv-events]'"),
 ])
-def test_vllm_kv_events_refuse_what_cannot_work(options: dict[str, Any], message: str) -> None:
+def test_vllm_kv_events_refuse_what_cannot_work(options: dict[str, Any], message: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    options = dict(options)
+    if options.pop("__hide_reader__", False):  # a gateway installed without the kv-events extra
+        monkeypatch.setattr(vllm, "KV_EVENTS_READER", ("zmq", "not_installed_here"))
     adapter = registry.create("vllm", EngineConfig(source=MODEL, name="llama", options={**SINGLE, **options}))
     assert isinstance(adapter, VllmServer)
     with pytest.raises(EngineError) as err:
