@@ -40,6 +40,9 @@ log = logging.getLogger("enginegate.kv_events")
 PRIMARY_MEDIUM = "GPU"
 """vLLM's name for its own KV pool (on a CPU too); offload tiers (CPU, STORAGE) are not counted."""
 REPLAY_END = -1
+RECEIVE_QUEUE = 10_000
+"""Batches ZMQ keeps for the view while it reads a replay or falls behind (more are dropped, then
+replayed: vLLM's replay buffer holds as many, adapters/vllm.py KV_EVENTS_REPLAY_STEPS)."""
 
 
 class BlockStored(msgspec.Struct, tag=True):
@@ -72,17 +75,6 @@ class KVEventBatch(msgspec.Struct, array_like=True):
 
 
 _decode = msgspec.msgpack.Decoder(KVEventBatch).decode
-
-
-def _offer(feed: Feed, seq: int, payload: bytes) -> None:
-    try:
-        batch = _decode(payload)
-    except msgspec.DecodeError as exc:  # a newer vLLM's event kind: what that batch changed is unknown
-        log.warning("kv events: batch %d unreadable (%s)", seq, exc)
-        if seq >= feed.next_seq:
-            feed.lost(seq + 1)
-        return
-    feed.offer(seq, batch)
 
 
 def _counts(event: BlockStored | BlockRemoved) -> bool:
@@ -128,6 +120,17 @@ class Feed:
         self.index.cleared()
         self.trusted = False
         self.next_seq = resume_at
+
+
+def _offer(feed: Feed, seq: int, payload: bytes) -> None:
+    try:
+        batch = _decode(payload)
+    except msgspec.DecodeError as exc:  # a newer vLLM's event kind: what that batch changed is unknown
+        log.warning("kv events: batch %d unreadable (%s)", seq, exc)
+        if seq >= feed.next_seq:
+            feed.lost(seq + 1)
+        return
+    feed.offer(seq, batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +298,10 @@ class KvEventsCache:
                 await self._follow(link)
             except zmq.ZMQError as exc:
                 log.warning("kv events from %s: %s; subscribing again", link.events, exc)
-                self._caught_up = False
+                await asyncio.sleep(self._poll)
+            except Exception:  # a fault here must not leave a frozen view answering
+                log.exception("kv events from %s: the view starts over", link.events)
+                self.reset()
                 await asyncio.sleep(self._poll)
 
     async def _follow(self, link: EngineLink) -> None:
@@ -308,7 +314,7 @@ class KvEventsCache:
         replay = self._ctx.socket(zmq.DEALER) if link.replay else None
         try:
             sub.setsockopt(zmq.SUBSCRIBE, b"")
-            sub.setsockopt(zmq.RCVHWM, 0)  # keep every batch that arrives while a replay is read
+            sub.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
             sub.connect(link.events)
             if replay is not None and link.replay:
                 replay.connect(link.replay)
@@ -327,6 +333,7 @@ class KvEventsCache:
                     await self._replay(replay, feed)
                 _offer(feed, seq, frames[2])
         finally:
+            self._caught_up = False
             sub.close(linger=0)
             if replay is not None:
                 replay.close(linger=0)
