@@ -257,18 +257,28 @@ class KvEventsCache:
         self._launch = None  # the subscriber starts over on its next message
 
     async def matched_tokens(self, body: Mapping[str, Any], path: str) -> int | None:
-        feed, link = self._feed, self._link()
-        if not self.answering or link is None:
+        if not self.answering:
             return None
-        if not len(feed.index):
+        if not len(self.index):
             return 0  # the engine holds nothing: no need to tokenize
-        request = tokenize_request(body, path)
-        if request is None:
+        feed = self._feed
+        tokens = await self.tokens(body, path)
+        if tokens is None or feed is not self._feed:
             return None
-        tokens = request if isinstance(request, list) else await self._tokenize(link, request)
-        if tokens is None or feed is not self._feed or not self.answering:
+        return self.matched(tokens)
+
+    async def tokens(self, body: Mapping[str, Any], path: str) -> list[int] | None:
+        """The request's prompt as this engine tokenizes it (one /tokenize call). Replicas of one model
+        tokenize alike, so a router may ask one of them and `matched` the tokens on every replica."""
+        link = self._link()
+        request = tokenize_request(body, path) if link is not None else None
+        if link is None or request is None:
             return None
-        return feed.index.matched_tokens(tokens)
+        return request if isinstance(request, list) else await self._tokenize(link, request)
+
+    def matched(self, tokens: Sequence[int]) -> int | None:
+        """Leading tokens of these prompt tokens the engine holds now (whole blocks); None when it cannot tell."""
+        return self._feed.index.matched_tokens(tokens) if self.answering else None
 
     async def _tokenize(self, link: EngineLink, request: dict[str, Any]) -> list[int] | None:
         if self._http is None:

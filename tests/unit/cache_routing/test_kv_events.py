@@ -185,6 +185,8 @@ async def test_tokenizing_that_fails_answers_none(folder: Path) -> None:
         await engine.publisher.publish(stored([11], None, TOKENS[:4], B))
         await eventually(view, 4)
         assert await view.matched_tokens(chat, "/v1/chat/completions") is None  # nothing listens on port 9
+        assert await view.tokens(chat, "/v1/chat/completions") is None
+        assert view.matched(TOKENS) == 4  # tokens from elsewhere (another replica's /tokenize) still match here
     finally:
         await view.stop()
         await engine.publisher.close()
