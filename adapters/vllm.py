@@ -6,17 +6,29 @@ then `/health` answers 200 (503 once the engine died). The API key (passed as VL
 guards `/v1/*` only, so `/health` and `/metrics` need none. Two nodes and more use vLLM's own multiprocessing backend
 (`--nnodes --node-rank --master-addr --master-port`, read from vLLM 0.32's arg_utils): node 0
 serves, the others run the same command `--headless` with their rank.
+
+Option `kv_events: true` has vLLM publish its KV cache events (`--kv-events-config`, with prefix
+caching on): a ZMQ PUB socket and its replay socket, both `ipc://` sockets in the adapter's private
+run directory, named by the launch's port, so each launch (a restart too) has endpoints of its own
+and nothing listens on the network (vLLM binds only wildcard or ipc endpoints: a `tcp://127.0.0.1`
+one it would connect to instead). `describe()` names them (`kv_events_endpoint`,
+`kv_events_replay_endpoint`); gateway/cache_routing/kv_events.py subscribes.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from adapters.base import Capabilities
+from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchOptions, flag, flag_if_not_default, kv_layout_options, server_feature_options
-from adapters.process import Endpoint, Launch
+from adapters.launch import LaunchConfigError, LaunchOptions, flag, flag_if_not_default, kv_layout_options, server_feature_options
+from adapters.process import Endpoint, Launch, ProcessState
 from adapters.spec import EngineSpec, ServerSpec
 
 MODULE = "vllm.entrypoints.openai.api_server"
@@ -61,10 +73,60 @@ def engine_args(model_path: str, served: str, opts: LaunchOptions, endpoint: End
     return argv
 
 
+KV_EVENTS_REPLAY_STEPS = 10_000
+"""Engine steps of events vLLM keeps for a subscriber that missed some (its default)."""
+KV_EVENTS_READER = ("zmq", "msgspec")
+"""What the gateway's own interpreter needs to read them (the kv-events extra)."""
+IPC_PATH_MAX = 100
+"""A unix socket's path must fit sockaddr_un (108 bytes on Linux, 104 on macOS)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvEvents:
+    """Where one launch publishes its KV cache events."""
+
+    endpoint: str
+    replay_endpoint: str
+
+    def config(self) -> str:
+        """vLLM's --kv-events-config."""
+        return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.endpoint,
+                           "replay_endpoint": self.replay_endpoint, "buffer_steps": KV_EVENTS_REPLAY_STEPS})
+
+
+def kv_events_at(folder: Path, port: int) -> KvEvents:
+    events = KvEvents(f"ipc://{folder / f'{port}.events'}", f"ipc://{folder / f'{port}.replay'}")
+    if len(events.replay_endpoint) - len("ipc://") > IPC_PATH_MAX:
+        raise LaunchConfigError(f"options.kv_events: the socket path {events.replay_endpoint} is too long for a unix "
+                                "socket (set TMPDIR to a shorter folder)")
+    return events
+
+
+def check_kv_events(options: Mapping[str, Any], opts: LaunchOptions) -> bool:
+    """Whether the user asked for KV events, refusing the settings they cannot work with."""
+    wanted = options.get("kv_events", False)
+    if not isinstance(wanted, bool):
+        raise LaunchConfigError(f"options.kv_events must be true or false, got {wanted!r}")
+    if wanted and opts.prefix_caching is False:
+        raise LaunchConfigError("options.kv_events needs prefix caching: options.prefix_caching is false")
+    if wanted and not all(importlib.util.find_spec(m) for m in KV_EVENTS_READER):
+        raise LaunchConfigError("options.kv_events: the gateway reads the events with pyzmq and msgspec: "
+                                "pip install 'enginegate[kv-events]'")
+    if wanted and opts.data_parallel > 1:  # each rank caches apart (and vLLM offsets tcp ports only)
+        raise LaunchConfigError("options.kv_events works with one data-parallel rank (options.data_parallel is "
+                                f"{opts.data_parallel}): run the ranks as replicas of their own")
+    return wanted
+
+
 def vllm_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpoint,
-              scheduling_policy: str | None = None) -> list[str]:
+              scheduling_policy: str | None = None, kv_events: KvEvents | None = None) -> list[str]:
     argv = opts.python_module(MODULE) + engine_args(model_path, served, opts, endpoint)
     flag(argv, "--scheduling-policy", scheduling_policy)
+    if kv_events is not None:
+        if opts.prefix_caching is None:
+            argv.append("--enable-prefix-caching")
+        # the engine's own count of reused prompt tokens in usage, beside the events
+        argv += ["--kv-events-config", kv_events.config(), "--enable-prompt-tokens-details"]
     if not opts.metrics:
         argv.append("--disable-log-stats")
     return argv
@@ -78,15 +140,39 @@ def vllm_env(endpoint: Endpoint) -> dict[str, str]:
     return env
 
 
+class VllmServer(EngineServer):
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        super().__init__(config, spec)
+        self.kv_events = False
+        if self.config_error is None:
+            try:
+                self.kv_events = check_kv_events(self.options, self.launch_options)
+            except LaunchConfigError as exc:
+                self.config_error = str(exc)
+
+    def kv_events_at(self, endpoint: Endpoint) -> KvEvents | None:
+        return kv_events_at(self.run_dir("kv"), endpoint.port) if self.kv_events else None
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        endpoint = self.process.endpoint
+        events = self.kv_events_at(endpoint) if endpoint is not None and self.process.state is not ProcessState.STOPPED \
+            else None
+        info["kv_events_endpoint"] = events.endpoint if events else None
+        info["kv_events_replay_endpoint"] = events.replay_endpoint if events else None
+        return info
+
+
 def vllm_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
     policy = adapter.options.get("scheduling_policy")
+    events = adapter.kv_events_at(endpoint) if isinstance(adapter, VllmServer) else None
     return Launch(vllm_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint,
-                            str(policy) if policy else None), vllm_env(endpoint))
+                            str(policy) if policy else None, events), vllm_env(endpoint))
 
 
 SPEC = EngineSpec(
     name="vllm",
-    adapter=EngineServer,
+    adapter=VllmServer,
     capabilities=Capabilities(
         chat=True, completions=True, embeddings=True, responses=True, tools=True, structured_output=True,
         n_choices=True, logprobs=True, image_input=True, audio_input=True,

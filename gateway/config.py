@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -32,7 +32,8 @@ class RoutingConfig(BaseModel):
     """Without affinity: the replica with the fewest outstanding requests, or each in turn."""
     affinity: Literal["cache", "none", "prefix", "session"] = "cache"
     """cache: the replica where waiting plus recomputing the prompt's uncached part costs least (docs/routing.md);
-    none: the balance rule alone; prefix: a hash of the leading messages; session: `session_header`, else `user`."""
+    none: the balance rule alone (what a config that sets `balance` and no affinity gets); prefix: a hash of the
+    leading messages; session: `session_header`, else `user`."""
     session_header: str = "x-session-id"
     """The request header that names a session for `affinity: session`."""
     load_factor: float = Field(default=1.25, ge=1.0)
@@ -55,6 +56,14 @@ class RoutingConfig(BaseModel):
     """How often each replica's readiness and engine stats (waiting count, KV use) are polled."""
     max_retries: int = Field(default=1, ge=0)
     """Attempts on another replica when an engine fails before anything reached the client."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _balance_set_means_by_load(cls, data: Any) -> Any:
+        """A config that chose a balance rule and said nothing of affinity gets that rule, not the cache default."""
+        if isinstance(data, dict) and "balance" in data and "affinity" not in data:
+            return {**data, "affinity": "none"}
+        return data
 
 
 class SchedulerConfig(BaseModel):

@@ -7,7 +7,7 @@ uses the answer in place of its approximate index's guess.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 
@@ -24,3 +24,14 @@ class PreciseCache(Protocol):
 
     def reset(self) -> None:
         """The engine restarted: it holds nothing."""
+
+    @property
+    def answering(self) -> bool:
+        """Whether it can answer now (subscribed, caught up with the engine's current launch)."""
+
+    async def tokens(self, body: Mapping[str, Any], path: str) -> list[int] | None:
+        """The request's prompt as the engine tokenizes it; replicas of one model tokenize alike, so the
+        router tokenizes once and asks each replica's view to `matched` the tokens."""
+
+    def matched(self, tokens: Sequence[int]) -> int | None:
+        """Leading tokens of these prompt tokens the engine holds now; None when it cannot tell."""

@@ -93,7 +93,7 @@ class ReplicaCache:
             self.precise.reset()
 
     def place(self, blocks: tuple[int, ...], text: str, outstanding: int, engine_load: float, slots: int | None,
-              precise_tokens: int | None = None) -> tuple[Place, Placement]:
+              precise_tokens: int | None = None, prompt_tokens: int | None = None) -> tuple[Place, Placement]:
         """The cost's view of this replica for a prompt, and the prediction to check later."""
         chars = len(text)
         predicted = self.index.match(blocks)
@@ -101,7 +101,7 @@ class ReplicaCache:
         matched = float(precise_tokens) if precise_tokens is not None else predicted * self.block_chars / cpt
         placement = Placement(blocks, chars, text, predicted, precise_tokens)
         evicted = self.index.overflow(blocks, predicted) * self.block_chars / cpt
-        return Place(outstanding, engine_load, slots, matched, chars / cpt, self.prefill_rate.value,
+        return Place(outstanding, engine_load, slots, matched, prompt_tokens or chars / cpt, self.prefill_rate.value,
                      self.service.value, evicted), placement
 
     def chosen(self, placement: Placement) -> None:

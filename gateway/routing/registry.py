@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +13,7 @@ from adapters.base import Adapter, EngineStats, Health
 from gateway.config import RoutingConfig
 from gateway.planning import Plan
 from gateway.cache_routing.cost import Place
+from gateway.cache_routing.precise import PreciseCache
 from gateway.cache_routing.tracker import Placement, ReplicaCache
 from gateway.routing import capacity
 from gateway.routing.admission import Admission
@@ -127,26 +128,26 @@ class Backend:
 
     def cache_of(self, replica: Replica) -> ReplicaCache:
         if replica.cache is None:
-            replica.cache = ReplicaCache(self.routing.index_blocks, self.routing.block_chars, self.pinned_slots(replica))
+            replica.cache = ReplicaCache(self.routing.index_blocks, self.routing.block_chars, self.pinned_slots(replica),
+                                         precise_view(replica.adapter))
         replica.cache.follow(replica.adapter.incarnation())
         return replica.cache
 
-    async def _precise(self, route: RouteKey) -> list[int | None]:
-        """What each replica's engine says it holds of the prompt, where it tells (None elsewhere)."""
+    async def _precise(self, route: RouteKey) -> tuple[list[int | None], int | None]:
+        """What each replica's engine says it holds of the prompt, where it tells (None elsewhere), and
+        the prompt's length in tokens: one replica tokenizes it (replicas of one model tokenize alike)."""
         views = [self.cache_of(r).precise for r in self.replicas]
-        if route.body is None or all(v is None for v in views):
-            return [None] * len(views)
-
-        async def ask(view: Any) -> int | None:
-            if view is None:
-                return None
-            try:
-                return await view.matched_tokens(route.body, route.path)
-            except Exception as exc:  # a view that fails is no view: the approximate index decides
-                log.warning("%s: the precise cache view failed: %s", self.model_id, exc)
-                return None
-
-        return list(await asyncio.gather(*(ask(v) for v in views)))
+        answering = [v for v in views if v is not None and v.answering]
+        if route.body is None or not answering:
+            return [None] * len(views), None
+        try:
+            tokens = await answering[0].tokens(route.body, route.path)
+        except Exception as exc:  # a view that fails is no view: the approximate index decides
+            log.warning("%s: the precise cache view failed: %s", self.model_id, exc)
+            tokens = None
+        if tokens is None:
+            return [None] * len(views), None
+        return [v.matched(tokens) if v is not None else None for v in views], len(tokens)
 
     async def acquire(self, route: RouteKey | None = None, exclude: Collection[Replica] = (),
                       demand: Demand | None = None) -> Lease:
@@ -178,7 +179,7 @@ class Backend:
         """The replica's choice and its admission (see acquire)."""
         key = self.route_key(route)
         by_cache = route is not None and bool(route.text) and self.routes_by_cache
-        precise = await self._precise(route) if by_cache and route is not None else []
+        precise, prompt_tokens = await self._precise(route) if by_cache and route is not None else ([], None)
         placement: Placement | None = None
         for attempt in range(len(self.replicas) + 1):
             pool = self.replicas
@@ -190,7 +191,8 @@ class Backend:
             placements: list[Placement] = []
             if by_cache and route is not None:
                 found = [self.cache_of(r).place(route.blocks, route.text, c.outstanding, c.engine_load,
-                                                r.admission.concurrency, precise[i] if i < len(precise) else None)
+                                                r.admission.concurrency, precise[i] if i < len(precise) else None,
+                                                prompt_tokens)
                          for i, (r, c) in enumerate(zip(pool, candidates, strict=True))]
                 places, placements = [f[0] for f in found], [f[1] for f in found]
             choice = self.balancer.choose(candidates, key, places)
@@ -236,11 +238,19 @@ class Backend:
             log.warning("%s replica %s did not start: %s", self.model_id, replica.name, error)
             replica.breaker.readiness(False, str(getattr(error, "message", error)))
         await asyncio.gather(*(follow_capacity(r) for r in self.replicas))
+        if self.routing.affinity == "cache":
+            for replica in self.replicas:
+                view = self.cache_of(replica).precise
+                if view is not None:
+                    await view.start()
         if len(self.replicas) > 1 and self.monitor is None:
             self.monitor = HealthMonitor(self.replicas, self.routing.health_interval_seconds)
             self.monitor.start()
 
     async def stop(self) -> None:
+        for replica in self.replicas:
+            if replica.cache is not None and replica.cache.precise is not None:
+                await replica.cache.precise.stop()
         if self.monitor is not None:
             await self.monitor.stop()
             self.monitor = None
@@ -248,6 +258,17 @@ class Backend:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+
+
+def precise_view(adapter: Adapter) -> PreciseCache | None:
+    """The engine's own record of its KV blocks, where it publishes one (vLLM with `kv_events: true`).
+    Imported only then: the plain gateway does not need pyzmq."""
+    options = getattr(adapter, "options", None)
+    if adapter.engine != "vllm" or not isinstance(options, Mapping) or options.get("kv_events") is not True:
+        return None
+    from gateway.cache_routing.kv_events import KvEventsCache
+
+    return KvEventsCache.for_adapter(adapter)
 
 
 class ModelRegistry:

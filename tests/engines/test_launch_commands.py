@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,8 @@ from adapters.mlx_server import mlx_server_argv
 from adapters.process import Endpoint
 from adapters.sglang import sglang_argv
 from adapters.tensorrt_llm import extra_options, trtllm_argv
-from adapters.vllm import vllm_argv, vllm_env
-from adapters import registry
+from adapters.vllm import VllmServer, vllm_argv, vllm_env
+from adapters import registry, vllm
 from adapters.config import EngineConfig
 
 EP = Endpoint("127.0.0.1", 9000, "KEY")
@@ -200,3 +201,39 @@ def test_vllm_scheduling_policy_flag() -> None:
     argv = vllm_argv(MODEL, "llama", launch_options(SINGLE), NO_KEY, scheduling_policy="priority")
     assert argv[argv.index("--scheduling-policy") + 1] == "priority"
     assert "--scheduling-policy" not in vllm_argv(MODEL, "llama", launch_options(SINGLE), NO_KEY)
+
+
+def test_vllm_kv_events_publish_on_private_ipc_sockets_with_prefix_caching_on() -> None:
+    adapter = registry.create("vllm", EngineConfig(source=MODEL, name="llama", options={**SINGLE, "kv_events": True}))
+    assert isinstance(adapter, VllmServer)
+    try:
+        argv = adapter.launch(EP).argv
+        config = json.loads(argv[argv.index("--kv-events-config") + 1])
+        folder = adapter.run_dir("kv")
+        assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{folder}/9000.events",
+                          "replay_endpoint": f"ipc://{folder}/9000.replay", "buffer_steps": 10000}
+        assert oct(adapter.run_dir().stat().st_mode & 0o777) == "0o700"  # no other user reads the prompts' tokens
+        assert "--enable-prefix-caching" in argv and "--enable-prompt-tokens-details" in argv
+        assert adapter.describe()["kv_events_endpoint"] is None  # not launched: nothing to subscribe to
+    finally:
+        adapter.remove_run_dir()
+    plain = vllm_argv(MODEL, "llama", launch_options(SINGLE), EP)
+    assert "--kv-events-config" not in plain and "--enable-prefix-caching" not in plain
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"kv_events": "yes"}, "options.kv_events must be true or false"),
+    ({"kv_events": True, "prefix_caching": False}, "needs prefix caching"),
+    ({"kv_events": True, "data_parallel": 2}, "one data-parallel rank"),
+    ({"kv_events": True, "python": PY, "__hide_reader__": True}, "pip install 'enginegate[kv-events]'"),
+])
+def test_vllm_kv_events_refuse_what_cannot_work(options: dict[str, Any], message: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    options = dict(options)
+    if options.pop("__hide_reader__", False):  # a gateway installed without the kv-events extra
+        monkeypatch.setattr(vllm, "KV_EVENTS_READER", ("zmq", "not_installed_here"))
+    adapter = registry.create("vllm", EngineConfig(source=MODEL, name="llama", options={**SINGLE, **options}))
+    assert isinstance(adapter, VllmServer)
+    with pytest.raises(EngineError) as err:
+        adapter.check()
+    assert message in str(err.value)

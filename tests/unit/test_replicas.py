@@ -24,6 +24,10 @@ def test_config_keys_as_agreed() -> None:
     assert (config.routing.balance, config.routing.affinity, config.routing.load_factor) == ("round_robin", "session", 1.5)
     with pytest.raises(ValueError):
         ModelConfig.model_validate({"routing": {"affinity": "sticky"}})
+    assert ModelConfig().routing.affinity == "cache"  # the default: by cost
+    # a balance rule chosen and no affinity said: that rule decides (the user's setting wins)
+    assert ModelConfig.model_validate({"routing": {"balance": "round_robin"}}).routing.affinity == "none"
+    assert ModelConfig.model_validate({"routing": {"balance": "round_robin", "affinity": "cache"}}).routing.affinity == "cache"
     with pytest.raises(ValueError):
         ModelConfig.model_validate({"replicas": 0})
 
