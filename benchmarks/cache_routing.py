@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -121,9 +122,10 @@ class Engines:
                 "cache_ram_mib": self.cache_ram_mib, "spec_type": "none", "extra_args": list(self.extra)}
 
 
-def config_yaml(variant: str, engines: Engines) -> str:
+def config_yaml(variant: str, engines: Engines, routing: dict[str, Any] | None = None) -> str:
+    """The gateway's config for `variant`; `routing` adds settings to every variant's routing block."""
     model = {"source": "default", "name": MODEL, "engine": "llama_server", "replicas": 2,
-             "options": engines.options(), "routing": GATEWAY_ROUTING[variant]}
+             "options": engines.options(), "routing": {**GATEWAY_ROUTING[variant], **(routing or {})}}
     return json.dumps({"models": [model]})  # JSON is YAML
 
 
@@ -213,12 +215,20 @@ def _counter(pattern: re.Pattern[str], text: str) -> float:
 
 
 def _decisions(metrics: str) -> dict[str, int]:
+    """The gateway's own count of requests sent to each replica, by why it chose it ("r0 cache_hit": 12)."""
     out: dict[str, int] = {}
     for labels, value in DECISIONS.findall(metrics):
         pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
         if float(value) and pairs.get("model") == MODEL:
-            key = f"r{pairs['replica']}"
-            out[key] = out.get(key, 0) + int(float(value))
+            out[f"r{pairs['replica']} {pairs['reason']}"] = int(float(value))
+    return out
+
+
+def _per_replica(decisions: dict[str, int]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, n in decisions.items():
+        replica = f"{key.split()[0]} requests"
+        out[replica] = out.get(replica, 0.0) + n
     return out
 
 
@@ -233,8 +243,9 @@ def result(variant: str, level: dict[str, Any], computed: float, per_replica: di
             "per_replica": per_replica, "wall_s": wall_s, "level": level}
 
 
-def run_gateway(variant: str, engines: Engines, workload: Workload, seed: int, tmp: Path) -> tuple[dict[str, Any], list[list[str]]]:
-    with gateway(config_yaml=config_yaml(variant, engines), start_timeout=600) as gw:
+def run_gateway(variant: str, engines: Engines, routing: dict[str, Any], workload: Workload, seed: int,
+                tmp: Path) -> tuple[dict[str, Any], list[list[str]]]:
+    with gateway(config_yaml=config_yaml(variant, engines, routing), start_timeout=600) as gw:
         replicas = httpx.get(f"{gw.url}/admin/engines", timeout=30).json()[MODEL]["replicas"]
         argvs = [engine_argv(int(r["pid"])) for r in replicas]
         before = _counter(GATEWAY_COUNTER, gw.metrics())
@@ -243,8 +254,8 @@ def run_gateway(variant: str, engines: Engines, workload: Workload, seed: int, t
         wall = time.monotonic() - started
         metrics = gw.metrics()
         computed = _counter(GATEWAY_COUNTER, metrics) - before
-    sent = {f"{k} requests": float(v) for k, v in _decisions(metrics).items()}
-    return result(variant, level, computed, sent, wall), argvs
+    decisions = _decisions(metrics)
+    return result(variant, level, computed, _per_replica(decisions), wall) | {"decisions": decisions}, argvs
 
 
 @contextmanager
@@ -354,14 +365,14 @@ class Runner:
             r = run_sglang(self.args.sglang_python, self.args.sglang_arg, self.reference_argv(), workload,
                            self.args.seed, run_dir)
         else:
-            r, argvs = run_gateway(variant, self.engines, workload, self.args.seed, run_dir)
+            r, argvs = run_gateway(variant, self.engines, self.args.routing, workload, self.args.seed, run_dir)
             self._check(argvs, variant)
         r |= {"scenario": workload.name, "round": round_index + 1}
         minimum = _count(r["minimum"])
         log(f"  {variant}: {r['ok']}/{r['sent']} ok in {r['wall_s']:.0f} s, TTFT p50 {r['ttft_p50'] * 1000:.0f} ms "
             f"p90 {r['ttft_p90'] * 1000:.0f} ms, {r['output_tps']:.1f} output tok/s, prompt tokens computed "
             f"{r['computed']:.0f} (minimum {minimum}; by usage {_count(r['computed_by_usage'])}), "
-            f"per replica {r['per_replica']}")
+            f"per replica {r['per_replica']}" + (f" {r['decisions']}" if r.get("decisions") else ""))
         self.runs.append(r)
         return r
 
@@ -409,8 +420,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w = p.add_argument_group("open-loop workload")
     w.add_argument("--sessions", type=int, default=10)
     w.add_argument("--turns", type=int, default=4)
-    w.add_argument("--arrival-rate", type=float, default=0.25, help="sessions per second")
-    w.add_argument("--think-seconds", type=float, default=2.5, help="mean think time between turns")
+    w.add_argument("--arrival-rate", type=float, default=0.2, help="sessions per second")
+    w.add_argument("--think-seconds", type=float, default=3.0, help="mean think time between turns")
     w.add_argument("--shared-prefix", type=int, default=300, help="system prompt every session shares, tokens")
     w.add_argument("--document", type=int, default=200, help="each session's document, tokens")
     w.add_argument("--input-tokens", type=int, default=32, help="each turn's user message")
@@ -428,6 +439,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="llama-server --cache-ram (host-RAM prompt cache; 0, the plan's choice here, turns it off)")
     e.add_argument("--engine-arg", action="append", default=None,
                    help="llama-server flag for every replica (repeat; default: --kv-unified, as the plan launches it)")
+    p.add_argument("--routing-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a routing setting for every gateway variant, e.g. load_factor=1.5 (repeat; value as YAML)")
     p.add_argument("--seed", type=int, default=25)
     p.add_argument("--sglang-python", type=Path, default=SGLANG_PYTHON, help="python of sglang-router's venv")
     p.add_argument("--sglang-arg", action="append", default=[],
@@ -441,6 +454,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.closed_rounds = args.rounds
     if args.engine_arg is None:
         args.engine_arg = ["--kv-unified"]
+    args.routing = {}
+    for item in args.routing_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--routing-option wants KEY=VALUE, not {item!r}")
+        args.routing[key] = yaml.safe_load(value)
     return args
 
 
@@ -475,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     engines_line = " ".join(normalized(runner.reference or []))
     header = (f"2 llama-server replicas x {engines.parallel} slots, {engines.threads} thread(s) each, cold for every run; "
               f"engines: `{engines_line}`; versions: {versions(args.sglang_python, SGLANG in open_variants + closed_variants)}; "
-              f"seed {args.seed}; {time.monotonic() - started:.0f} s in all")
+              f"seed {args.seed}; {time.monotonic() - started:.0f} s in all"
+              + (f"; routing settings added to every gateway variant: {args.routing}" if args.routing else ""))
     text = header + "\n"
     for variant, argv in runner.differ.items():
         text += f"\n**{variant} ran other engines** (not comparable): `{' '.join(argv)}`\n"
@@ -490,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         summary = {name: {v: {m: None if s is None else asdict(s) for m, s in ms.items()} for v, ms in summarize(rs).items()}
                    for name, rs in (("open", open_runs), ("closed", closed_runs)) if rs}
-        args.json.write_text(json.dumps({"argv": sys.argv[1:], "engines": asdict(engines), "engine_argv": runner.reference,
+        args.json.write_text(json.dumps({"argv": sys.argv[1:], "engines": asdict(engines), "routing_options": args.routing,
+                                         "engine_argv": runner.reference,
                                          "engine_argv_differs": runner.differ,
                                          "workloads": {"open": asdict(open_w), "closed": asdict(closed_w)},
                                          "runs": runner.runs, "summary": summary}, indent=1))
