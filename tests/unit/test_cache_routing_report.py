@@ -103,3 +103,34 @@ def test_engine_argv_compares_without_its_port():
     b = ["llama-server", "-m", "x.gguf", "--port", "4002", "-np", "2"]
     assert normalized(a) == normalized(b) == ["llama-server", "-m", "x.gguf", "--port", "PORT", "-np", "2"]
     assert normalized(a) != normalized([*b[:-1], "4"])
+
+
+def test_routing_decisions_are_read_per_replica_and_reason():
+    from benchmarks.cache_routing import _decisions, _per_replica  # noqa: PLC0415
+
+    metrics = "\n".join([
+        '# TYPE enginegate_routing_decisions_total counter',
+        'enginegate_routing_decisions_total{model="smollm",reason="cache_hit",replica="0"} 6.0',
+        'enginegate_routing_decisions_total{model="smollm",reason="cache_load",replica="0"} 1.0',
+        'enginegate_routing_decisions_total{model="smollm",reason="cache_cold",replica="1"} 2.0',
+        'enginegate_routing_decisions_total{model="smollm",reason="affinity",replica="1"} 0.0',  # never chosen
+        'enginegate_routing_decisions_total{model="other",reason="cache_hit",replica="0"} 9.0',  # another model
+    ])
+    decisions = _decisions(metrics)
+    assert decisions == {"r0 cache_hit": 6, "r0 cache_load": 1, "r1 cache_cold": 2}
+    assert _per_replica(decisions) == {"r0 requests": 7.0, "r1 requests": 2.0}
+
+
+def test_routing_options_reach_every_gateway_variant():
+    import json  # noqa: PLC0415
+
+    from benchmarks.cache_routing import Engines, config_yaml, parse_args  # noqa: PLC0415
+
+    args = parse_args(["--routing-option", "health_interval_seconds=600", "--routing-option", "load_factor=1.5"])
+    assert args.routing == {"health_interval_seconds": 600, "load_factor": 1.5}
+    engines = Engines(2, 8192, 1, 0, ("--kv-unified",))
+    model = json.loads(config_yaml("least_outstanding", engines, args.routing))["models"][0]
+    assert model["routing"] == {"balance": "least_outstanding", "affinity": "none", "health_interval_seconds": 600,
+                                "load_factor": 1.5}
+    assert model["options"]["parallel"] == 2 and model["options"]["cache_ram_mib"] == 0
+    assert model["replicas"] == 2
