@@ -53,6 +53,7 @@ from adapters.llama_server import find_llama_server  # noqa: E402
 from adapters.process import free_port  # noqa: E402
 from benchmarks.cache_routing_report import LEAST_OUTSTANDING, SGLANG, rotated, summarize, table  # noqa: E402
 from benchmarks.harness import stop, wait_http  # noqa: E402
+from benchmarks.routing_affinity import engine_prompt_tokens  # noqa: E402
 from tests.gateway_process import REPO_ROOT, gateway  # noqa: E402
 
 MODEL = "smollm"
@@ -68,7 +69,6 @@ CLOSED_VARIANTS = ("cache", LEAST_OUTSTANDING)
 OPEN_LOOP_FLAGS = ("--arrival-rate", "--think-seconds", "--document-tokens")
 SGLANG_PYTHON = Path.home() / ".cache/enginegate/venvs/sglang-router/bin/python"
 PROMPT_COUNTER = re.compile(r"^llamacpp:prompt_tokens_total(?:\{[^}]*\})? ([0-9.e+]+)$", re.M)
-GATEWAY_COUNTER = re.compile(r'^enginegate_engine_prompt_tokens\{[^}]*model="smollm"[^}]*\} ([0-9.e+]+)$', re.M)
 DECISIONS = re.compile(r'^enginegate_routing_decisions_total\{([^}]*)\} ([0-9.e+]+)$', re.M)
 
 
@@ -214,6 +214,14 @@ def _counter(pattern: re.Pattern[str], text: str) -> float:
     return sum(float(v) for v in found)
 
 
+def _gateway_counter(metrics: str) -> float:
+    """Both replicas' llamacpp:prompt_tokens_total, as the gateway reads them from the engines at each scrape."""
+    value = engine_prompt_tokens(metrics)
+    if value is None:
+        raise RuntimeError("the gateway's /metrics has no enginegate_engine_prompt_tokens for the model")
+    return value
+
+
 def _decisions(metrics: str) -> dict[str, int]:
     """The gateway's own count of requests sent to each replica, by why it chose it ("r0 cache_hit": 12)."""
     out: dict[str, int] = {}
@@ -248,12 +256,12 @@ def run_gateway(variant: str, engines: Engines, routing: dict[str, Any], workloa
     with gateway(config_yaml=config_yaml(variant, engines, routing), start_timeout=600) as gw:
         replicas = httpx.get(f"{gw.url}/admin/engines", timeout=30).json()[MODEL]["replicas"]
         argvs = [engine_argv(int(r["pid"])) for r in replicas]
-        before = _counter(GATEWAY_COUNTER, gw.metrics())
+        before = _gateway_counter(gw.metrics())
         started = time.monotonic()
         level = bench(gw.base_url, workload, seed, tmp / f"{variant}.json")
         wall = time.monotonic() - started
         metrics = gw.metrics()
-        computed = _counter(GATEWAY_COUNTER, metrics) - before
+        computed = _gateway_counter(metrics) - before
     decisions = _decisions(metrics)
     return result(variant, level, computed, _per_replica(decisions), wall) | {"decisions": decisions}, argvs
 
