@@ -369,20 +369,40 @@ class Runner:
     def run(self, variant: str, workload: Workload, round_index: int, position: str) -> dict[str, Any]:
         log(f"{workload.name} round {round_index + 1} {position}: {variant} ...")
         run_dir = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=self.tmp))
-        if variant == SGLANG:
-            r = run_sglang(self.args.sglang_python, self.args.sglang_arg, self.reference_argv(), workload,
-                           self.args.seed, run_dir)
-        else:
-            r, argvs = run_gateway(variant, self.engines, self.args.routing, workload, self.args.seed, run_dir)
-            self._check(argvs, variant)
-        r |= {"scenario": workload.name, "round": round_index + 1}
+        where = {"scenario": workload.name, "round": round_index + 1}
+        try:
+            if variant == SGLANG:
+                r = run_sglang(self.args.sglang_python, self.args.sglang_arg, self.reference_argv(), workload,
+                               self.args.seed, run_dir)
+            else:
+                r, argvs = run_gateway(variant, self.engines, self.args.routing, workload, self.args.seed, run_dir)
+                self._check(argvs, variant)
+        except Exception as exc:  # noqa: BLE001 - one failed run is reported, the other variants still run
+            log(f"  {variant} FAILED: {type(exc).__name__}: {str(exc)[-1500:]}")
+            failed = {"variant": variant, **where, "error": f"{type(exc).__name__}: {str(exc)[-3000:]}"}
+            self.runs.append(failed)
+            self.save()
+            return failed
+        r |= where
         minimum = _count(r["minimum"])
         log(f"  {variant}: {r['ok']}/{r['sent']} ok in {r['wall_s']:.0f} s, TTFT p50 {r['ttft_p50'] * 1000:.0f} ms "
             f"p90 {r['ttft_p90'] * 1000:.0f} ms, {r['output_tps']:.1f} output tok/s, prompt tokens computed "
             f"{r['computed']:.0f} (minimum {minimum}; by usage {_count(r['computed_by_usage'])}), "
             f"per replica {r['per_replica']}" + (f" {r['decisions']}" if r.get("decisions") else ""))
         self.runs.append(r)
+        self.save()
         return r
+
+    def save(self, summary: dict[str, Any] | None = None) -> None:
+        """Every run so far to --json (after each run, so a run cut short keeps what it measured)."""
+        if self.args.json is None:
+            return
+        open_w, closed_w = workloads(self.args)
+        self.args.json.write_text(json.dumps({
+            "argv": sys.argv[1:], "engines": asdict(self.engines), "routing_options": self.args.routing,
+            "sglang_args": self.args.sglang_arg, "engine_argv": self.reference, "engine_argv_differs": self.differ,
+            "workloads": {"open": asdict(open_w), "closed": asdict(closed_w)}, "runs": self.runs,
+            "summary": summary}, indent=1))
 
     def scenario(self, workload: Workload, variants: list[str], rounds: int) -> list[dict[str, Any]]:
         runs = []
@@ -472,8 +492,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def report(title: str, runs: list[dict[str, Any]], order: list[str]) -> str:
-    spread = [f"- {v}: " + "; ".join(", ".join(f"{k} {n:.0f}" for k, n in sorted(r["per_replica"].items()))
-                                     for r in runs if r["variant"] == v) for v in order]
+    def split(r: dict[str, Any]) -> str:
+        return "failed" if "error" in r else ", ".join(f"{k} {n:.0f}" for k, n in sorted(r["per_replica"].items()))
+
+    spread = [f"- {v}: " + "; ".join(split(r) for r in runs if r["variant"] == v) for v in order]
     return (f"{title}\n\n{table(summarize(runs), order)}\n\nPer replica, run by run (the gateway: requests it sent "
             "each; sglang-router: prompt tokens each of its workers computed):\n\n" + "\n".join(spread) + "\n")
 
@@ -515,15 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.markdown:
         args.markdown.write_text(text)
-    if args.json:
-        summary = {name: {v: {m: None if s is None else asdict(s) for m, s in ms.items()} for v, ms in summarize(rs).items()}
-                   for name, rs in (("open", open_runs), ("closed", closed_runs)) if rs}
-        args.json.write_text(json.dumps({"argv": sys.argv[1:], "engines": asdict(engines), "routing_options": args.routing,
-                                         "engine_argv": runner.reference,
-                                         "engine_argv_differs": runner.differ,
-                                         "workloads": {"open": asdict(open_w), "closed": asdict(closed_w)},
-                                         "runs": runner.runs, "summary": summary}, indent=1))
-    return 0
+    runner.save({name: {v: {m: None if s is None else asdict(s) for m, s in ms.items()} for v, ms in summarize(rs).items()}
+                 for name, rs in (("open", open_runs), ("closed", closed_runs)) if rs})
+    return 1 if any("error" in r for r in runner.runs) else 0
 
 
 if __name__ == "__main__":

@@ -134,3 +134,11 @@ def test_routing_options_reach_every_gateway_variant():
                                 "load_factor": 1.5}
     assert model["options"]["parallel"] == 2 and model["options"]["cache_ram_mib"] == 0
     assert model["replicas"] == 2
+
+
+def test_a_failed_run_counts_in_no_median():
+    runs = [_run("cache", 1.0, 1100), {"variant": "cache", "error": "RuntimeError: gateway not ready"},
+            _run("cache", 3.0, 1300)]
+    summary = summarize(runs)
+    assert summary["cache"]["ttft_p50"] == Spread(2.0, 1.0, 3.0, 2)
+    assert table(summary, ["cache"]).splitlines()[2].split(" | ")[1] == "2"  # runs that measured
