@@ -9,6 +9,9 @@ threads split between them (1 each on 2 cores), started cold for every run:
     sglang_router                                            sglang-router `--policy cache_aware` in front
                                                               of two llama-servers launched with the argv
                                                               the gateway's replicas ran (read from /proc)
+    sglang_router_t0.7                                       the same with `--cache-threshold 0.7` (its
+                                                              default 0.3 sends every session to the worker
+                                                              that first held the shared system prompt)
 
 Every variant gets the same explicit engine options, and the harness checks that the engines' command
 lines really were the same (ports aside). `enginegate bench --sessions` drives the same seeded
@@ -52,6 +55,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adapters.llama_server import find_llama_server  # noqa: E402
 from adapters.process import free_port  # noqa: E402
 from benchmarks.cache_routing_report import LEAST_OUTSTANDING, SGLANG, rotated, summarize, table  # noqa: E402
+
+SGLANG_TUNED = "sglang_router_t0.7"
+SGLANG_ROUTERS: dict[str, list[str]] = {  # variant -> sglang-router flags beyond --policy cache_aware
+    SGLANG: [],  # its defaults, as a user runs it
+    # --cache-threshold above the share of a session's first prompt that the shared system prompt is here
+    # (about 0.56): only a conversation's own later turns stick, new sessions go to the emptier tree
+    SGLANG_TUNED: ["--cache-threshold", "0.7"],
+}
 from benchmarks.harness import stop, wait_http  # noqa: E402
 from benchmarks.routing_affinity import engine_prompt_tokens  # noqa: E402
 from tests.gateway_process import REPO_ROOT, gateway  # noqa: E402
@@ -64,7 +75,7 @@ GATEWAY_ROUTING: dict[str, dict[str, str]] = {  # variant -> the model's routing
     "session": {"balance": "least_outstanding", "affinity": "session"},
     "cache": {"affinity": "cache"},
 }
-VARIANTS = (*GATEWAY_ROUTING, SGLANG)
+VARIANTS = (*GATEWAY_ROUTING, *SGLANG_ROUTERS)
 CLOSED_VARIANTS = ("cache", LEAST_OUTSTANDING)
 OPEN_LOOP_FLAGS = ("--arrival-rate", "--think-seconds", "--document-tokens")
 SGLANG_PYTHON = Path.home() / ".cache/enginegate/venvs/sglang-router/bin/python"
@@ -155,7 +166,7 @@ def missing(variants: list[str], open_loop: bool, sglang_python: Path) -> list[s
         if absent:
             problems.append(f"open loop: this checkout's `enginegate bench` has no {', '.join(absent)} "
                             "(issue 25's open-loop sessions); run --closed-only")
-    if SGLANG in variants and not sglang_python.exists():
+    if set(SGLANG_ROUTERS) & set(variants) and not sglang_python.exists():
         problems.append(f"variant {SGLANG}: no {sglang_python}: `scripts/engine_venvs.sh sglang-router` makes it "
                         "(or give --sglang-python)")
     return problems
@@ -320,17 +331,17 @@ def _healthy_workers(listing: Any) -> int:
     return sum(1 for w in items if isinstance(w, dict) and w.get("is_healthy", True))
 
 
-def run_sglang(python: Path, extra: list[str], argv: list[str], workload: Workload, seed: int,
+def run_sglang(variant: str, python: Path, extra: list[str], argv: list[str], workload: Workload, seed: int,
                tmp: Path) -> dict[str, Any]:
     with llama_servers(argv, 2, tmp) as workers:
         before = [_counter(PROMPT_COUNTER, httpx.get(f"{w}/metrics", timeout=30).text) for w in workers]
         with sglang_router(python, workers, extra, tmp) as url:
             started = time.monotonic()
-            level = bench(f"{url}/v1", workload, seed, tmp / f"{SGLANG}.json")
+            level = bench(f"{url}/v1", workload, seed, tmp / f"{variant}.json")
             wall = time.monotonic() - started
         after = [_counter(PROMPT_COUNTER, httpx.get(f"{w}/metrics", timeout=30).text) for w in workers]
     per_replica = {f"r{i} computed": a - b for i, (a, b) in enumerate(zip(after, before))}
-    return result(SGLANG, level, sum(per_replica.values()), per_replica, wall)
+    return result(variant, level, sum(per_replica.values()), per_replica, wall)
 
 
 # --- the benchmark ---------------------------------------------------------------------------------
@@ -371,9 +382,9 @@ class Runner:
         run_dir = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=self.tmp))
         where = {"scenario": workload.name, "round": round_index + 1}
         try:
-            if variant == SGLANG:
-                r = run_sglang(self.args.sglang_python, self.args.sglang_arg, self.reference_argv(), workload,
-                               self.args.seed, run_dir)
+            if variant in SGLANG_ROUTERS:
+                r = run_sglang(variant, self.args.sglang_python, SGLANG_ROUTERS[variant] + self.args.sglang_arg,
+                               self.reference_argv(), workload, self.args.seed, run_dir)
             else:
                 r, argvs = run_gateway(variant, self.engines, self.args.routing, workload, self.args.seed, run_dir)
                 self._check(argvs, variant)
@@ -472,7 +483,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=25)
     p.add_argument("--sglang-python", type=Path, default=SGLANG_PYTHON, help="python of sglang-router's venv")
     p.add_argument("--sglang-arg", action="append", default=[],
-                   help="extra sglang-router flag (repeat; default none: its cache_aware defaults, as a user runs it)")
+                   help="extra sglang-router flag for its variants (repeat; sglang_router otherwise runs its "
+                        "cache_aware defaults, as a user runs it)")
     p.add_argument("--json", type=Path, help="write every run and the summary here")
     p.add_argument("--markdown", type=Path, help="write the tables here")
     args = p.parse_args(argv)
@@ -492,11 +504,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def report(title: str, runs: list[dict[str, Any]], order: list[str]) -> str:
+    peers = [LEAST_OUTSTANDING, *(v for v in SGLANG_ROUTERS if v in order)]
     def split(r: dict[str, Any]) -> str:
         return "failed" if "error" in r else ", ".join(f"{k} {n:.0f}" for k, n in sorted(r["per_replica"].items()))
 
     spread = [f"- {v}: " + "; ".join(split(r) for r in runs if r["variant"] == v) for v in order]
-    return (f"{title}\n\n{table(summarize(runs), order)}\n\nPer replica, run by run (the gateway: requests it sent "
+    return (f"{title}\n\n{table(summarize(runs), order, peers)}\n\nPer replica, run by run (the gateway: requests it sent "
             "each; sglang-router: prompt tokens each of its workers computed):\n\n" + "\n".join(spread) + "\n")
 
 
@@ -523,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         closed_runs = runner.scenario(closed_w, closed_variants, args.closed_rounds) if closed_variants else []
     engines_line = " ".join(normalized(runner.reference or []))
     header = (f"2 llama-server replicas x {engines.parallel} slots, {engines.threads} thread(s) each, cold for every run; "
-              f"engines: `{engines_line}`; versions: {versions(args.sglang_python, SGLANG in open_variants + closed_variants)}; "
+              f"engines: `{engines_line}`; versions: {versions(args.sglang_python, bool(set(SGLANG_ROUTERS) & set(open_variants + closed_variants)))}; "
               f"seed {args.seed}; {time.monotonic() - started:.0f} s in all"
               + (f"; routing settings added to every gateway variant: {args.routing}" if args.routing else ""))
     text = header + "\n"

@@ -76,14 +76,15 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def table(summary: Mapping[str, Mapping[str, Spread | None]], order: Sequence[str]) -> str:
-    """The markdown table: medians with (min-max) over the runs; TTFT gains are the peer's median TTFT p50
-    over this variant's (above 1: this one answers sooner), computed/min is tokens computed over the minimum."""
-    lo, sg = summary.get(LEAST_OUTSTANDING), summary.get(SGLANG)
+def table(summary: Mapping[str, Mapping[str, Spread | None]], order: Sequence[str],
+          peers: Sequence[str] = (LEAST_OUTSTANDING, SGLANG)) -> str:
+    """The markdown table: medians with (min-max) over the runs; computed/min is tokens computed over the
+    minimum; one TTFT gain column per peer: the peer's median TTFT p50 over this variant's (above 1: this one
+    answers sooner), `-` where the peer did not run."""
     lines = [
         "| variant | runs | TTFT p50 ms | TTFT p90 ms | output tok/s | prompt tokens computed | minimum | "
-        "computed / min | TTFT p50 gain vs least_outstanding | vs sglang-router |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "computed / min | " + " | ".join(f"TTFT p50 gain vs {peer}" for peer in peers) + " |",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(peers),
     ]
     for variant in order:
         s = summary.get(variant)
@@ -91,10 +92,10 @@ def table(summary: Mapping[str, Mapping[str, Spread | None]], order: Sequence[st
             continue
         runs = max((x.runs for x in s.values() if x is not None), default=0)
         computed, minimum = s["computed"], s["minimum"]
+        gains = [_x(ratio(summary[peer]["ttft_p50"], s["ttft_p50"]) if peer in summary else None) for peer in peers]
         lines.append(
             f"| {variant} | {runs} | {cell(s['ttft_p50'], 1000)} | {cell(s['ttft_p90'], 1000)} | "
             f"{cell(s['output_tps'], digits=1)} | {cell(computed)} | {cell(minimum)} | {_x(ratio(computed, minimum))} | "
-            f"{_x(ratio(lo['ttft_p50'], s['ttft_p50']) if lo else None)} | "
-            f"{_x(ratio(sg['ttft_p50'], s['ttft_p50']) if sg else None)} |"
+            + " | ".join(gains) + " |"
         )
     return "\n".join(lines)

@@ -142,3 +142,13 @@ def test_a_failed_run_counts_in_no_median():
     summary = summarize(runs)
     assert summary["cache"]["ttft_p50"] == Spread(2.0, 1.0, 3.0, 2)
     assert table(summary, ["cache"]).splitlines()[2].split(" | ")[1] == "2"  # runs that measured
+
+
+def test_one_gain_column_per_peer():
+    runs = [_run("least_outstanding", 3.0, 2400), _run("sglang_router", 2.0, 1500),
+            _run("sglang_router_t0.7", 0.5, 1500), _run("cache", 1.0, 1200)]
+    peers = ["least_outstanding", "sglang_router", "sglang_router_t0.7"]
+    lines = table(summarize(runs), ["cache"], peers).splitlines()
+    assert lines[0].count("TTFT p50 gain vs") == 3 and lines[1].count("---") == 8 + 3
+    cols = lines[2].split(" | ")
+    assert cols[8:10] == ["3.00x", "2.00x"] and cols[10].rstrip(" |") == "0.50x"
