@@ -353,8 +353,10 @@ def _count(value: float | None) -> str:
 class Runner:
     """Runs variants, keeps the reference engine argv (the first gateway's) and checks every later one."""
 
-    def __init__(self, args: argparse.Namespace, engines: Engines, tmp: Path) -> None:
-        self.args, self.engines, self.tmp = args, engines, tmp
+    def __init__(self, args: argparse.Namespace, engines: Engines, tmp: Path, variants: dict[str, list[str]],
+                 versions: dict[str, str]) -> None:
+        self.args, self.engines, self.tmp, self.variants, self.versions = args, engines, tmp, variants, versions
+        self.started = time.monotonic()
         self.reference: list[str] | None = None
         self.differ: dict[str, list[str]] = {}  # variant -> its engines' argv, where not the reference's
         self.runs: list[dict[str, Any]] = []
@@ -404,16 +406,19 @@ class Runner:
         self.save()
         return r
 
+    def document(self, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Everything measured so far, as --json writes it and `render` reads it."""
+        open_w, closed_w = workloads(self.args)
+        return {"argv": sys.argv[1:], "engines": asdict(self.engines), "routing_options": self.args.routing,
+                "sglang_args": self.args.sglang_arg, "engine_argv": self.reference, "engine_argv_differs": self.differ,
+                "versions": self.versions, "seed": self.args.seed, "variants": self.variants,
+                "workloads": {"open": asdict(open_w), "closed": asdict(closed_w)},
+                "elapsed_s": round(time.monotonic() - self.started), "runs": self.runs, "summary": summary}
+
     def save(self, summary: dict[str, Any] | None = None) -> None:
         """Every run so far to --json (after each run, so a run cut short keeps what it measured)."""
-        if self.args.json is None:
-            return
-        open_w, closed_w = workloads(self.args)
-        self.args.json.write_text(json.dumps({
-            "argv": sys.argv[1:], "engines": asdict(self.engines), "routing_options": self.args.routing,
-            "sglang_args": self.args.sglang_arg, "engine_argv": self.reference, "engine_argv_differs": self.differ,
-            "workloads": {"open": asdict(open_w), "closed": asdict(closed_w)}, "runs": self.runs,
-            "summary": summary}, indent=1))
+        if self.args.json is not None:
+            self.args.json.write_text(json.dumps(self.document(summary), indent=1))
 
     def scenario(self, workload: Workload, variants: list[str], rounds: int) -> list[dict[str, Any]]:
         runs = []
@@ -487,6 +492,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "cache_aware defaults, as a user runs it)")
     p.add_argument("--json", type=Path, help="write every run and the summary here")
     p.add_argument("--markdown", type=Path, help="write the tables here")
+    p.add_argument("--from-json", type=Path, metavar="FILE",
+                   help="run nothing: print (and --markdown) the tables of a --json file, finished or cut short")
     args = p.parse_args(argv)
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
@@ -505,6 +512,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def report(title: str, runs: list[dict[str, Any]], order: list[str]) -> str:
     peers = [LEAST_OUTSTANDING, *(v for v in SGLANG_ROUTERS if v in order)]
+
     def split(r: dict[str, Any]) -> str:
         return "failed" if "error" in r else ", ".join(f"{k} {n:.0f}" for k, n in sorted(r["per_replica"].items()))
 
@@ -513,8 +521,39 @@ def report(title: str, runs: list[dict[str, Any]], order: list[str]) -> str:
             "each; sglang-router: prompt tokens each of its workers computed):\n\n" + "\n".join(spread) + "\n")
 
 
+def render(doc: dict[str, Any]) -> str:
+    """The tables of a --json document (a finished benchmark, or one cut short)."""
+    e = doc["engines"]
+    engines_line = " ".join(normalized(doc["engine_argv"] or []))
+    text = (f"2 llama-server replicas x {e['parallel']} slots, {e['threads']} thread(s) each, cold for every run; "
+            f"engines: `{engines_line}`; versions: {doc['versions']}; seed {doc['seed']}; {doc['elapsed_s']} s in all"
+            + (f"; routing settings added to every gateway variant: {doc['routing_options']}"
+               if doc["routing_options"] else "") + "\n")
+    for variant, argv in doc["engine_argv_differs"].items():
+        text += f"\n**{variant} ran other engines** (not comparable): `{' '.join(argv)}`\n"
+    for name, order in doc["variants"].items():
+        runs = [r for r in doc["runs"] if r["scenario"] == name]
+        if runs:
+            rounds = max(r["round"] for r in runs)
+            text += "\n" + report(f"{Workload(**doc['workloads'][name]).describe()}; {rounds} round(s), the order of "
+                                  "the variants rotated per round:", runs, order)
+    shared = max((r.get("shared_tokens") or 0 for r in doc["runs"]), default=0)
+    text += ("\n`prompt tokens computed`: both engines' own `llamacpp:prompt_tokens_total`, after the run minus before "
+             "(for the gateway as it relays them, `enginegate_engine_prompt_tokens`). `minimum`: `enginegate bench`'s "
+             "perfect-cache count: the shared system prompt once, each session's own text once, then each later "
+             "turn's new part" + (f"; two replicas each compute the shared prompt once, so their floor is "
+                                  f"{shared:.0f} tokens above it" if shared else "") + ".\n")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json:
+        text = render(json.loads(args.from_json.read_text()))
+        print(text)
+        if args.markdown:
+            args.markdown.write_text(text)
+        return 0
     chosen = [v for v in args.variants.split(",") if v]
     closed_chosen = [v for v in args.closed_variants.split(",") if v]
     unknown = sorted(set(chosen + closed_chosen) - set(VARIANTS))
@@ -529,29 +568,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     engines = Engines(args.parallel, args.context, args.threads, args.cache_ram_mib, tuple(args.engine_arg))
     open_w, closed_w = workloads(args)
-    started = time.monotonic()
+    found = versions(args.sglang_python, bool(set(SGLANG_ROUTERS) & set(open_variants + closed_variants)))
     with tempfile.TemporaryDirectory(prefix="cache-routing-") as tmp:
-        runner = Runner(args, engines, Path(tmp))
+        runner = Runner(args, engines, Path(tmp), {"open": open_variants, "closed": closed_variants}, found)
         open_runs = runner.scenario(open_w, open_variants, args.rounds) if open_variants else []
         closed_runs = runner.scenario(closed_w, closed_variants, args.closed_rounds) if closed_variants else []
-    engines_line = " ".join(normalized(runner.reference or []))
-    header = (f"2 llama-server replicas x {engines.parallel} slots, {engines.threads} thread(s) each, cold for every run; "
-              f"engines: `{engines_line}`; versions: {versions(args.sglang_python, bool(set(SGLANG_ROUTERS) & set(open_variants + closed_variants)))}; "
-              f"seed {args.seed}; {time.monotonic() - started:.0f} s in all"
-              + (f"; routing settings added to every gateway variant: {args.routing}" if args.routing else ""))
-    text = header + "\n"
-    for variant, argv in runner.differ.items():
-        text += f"\n**{variant} ran other engines** (not comparable): `{' '.join(argv)}`\n"
-    if open_runs:
-        text += "\n" + report(f"{open_w.describe()}; {args.rounds} run(s) per variant, order rotated per round:",
-                              open_runs, open_variants)
-    if closed_runs:
-        text += "\n" + report(f"{closed_w.describe()}; {args.closed_rounds} run(s) per variant:", closed_runs, closed_variants)
+    summary = {name: {v: {m: None if s is None else asdict(s) for m, s in ms.items()} for v, ms in summarize(rs).items()}
+               for name, rs in (("open", open_runs), ("closed", closed_runs)) if rs}
+    runner.save(summary)
+    text = render(runner.document(summary))
     print(text)
     if args.markdown:
         args.markdown.write_text(text)
-    runner.save({name: {v: {m: None if s is None else asdict(s) for m, s in ms.items()} for v, ms in summarize(rs).items()}
-                 for name, rs in (("open", open_runs), ("closed", closed_runs)) if rs})
     return 1 if any("error" in r for r in runner.runs) else 0
 
 

@@ -152,3 +152,26 @@ def test_one_gain_column_per_peer():
     assert lines[0].count("TTFT p50 gain vs") == 3 and lines[1].count("---") == 8 + 3
     cols = lines[2].split(" | ")
     assert cols[8:10] == ["3.00x", "2.00x"] and cols[10].rstrip(" |") == "0.50x"
+
+
+def test_render_reads_a_saved_benchmark():
+    from benchmarks.cache_routing import Engines, Workload, render  # noqa: PLC0415
+
+    def run(variant: str, scenario: str, p50: float, **extra: object) -> dict[str, object]:
+        return {**_run(variant, p50, 2000), "scenario": scenario, "round": 1, "shared_tokens": 310,
+                "per_replica": {"r0 requests": 20.0, "r1 requests": 20.0}, **extra}
+
+    from dataclasses import asdict  # noqa: PLC0415
+
+    doc = {"engines": asdict(Engines(2, 8192, 1, 0, ("--kv-unified",))), "engine_argv": ["llama-server", "--port", "1"],
+           "engine_argv_differs": {}, "versions": {"llama-server": "b1"}, "seed": 25, "elapsed_s": 100,
+           "routing_options": {}, "variants": {"open": ["least_outstanding", "cache"], "closed": ["cache"]},
+           "workloads": {"open": asdict(Workload("open", 10, 4, 300, 200, 32, 16, 0.2, 3.0)),
+                         "closed": asdict(Workload("closed", 4, 4, 600, 0, 32, 16))},
+           "runs": [run("least_outstanding", "open", 3.0), run("cache", "open", 1.0),
+                    {"variant": "cache", "scenario": "closed", "round": 1, "error": "RuntimeError: boom"}]}
+    text = render(doc)
+    assert "--port PORT" in text and "open loop: 10 sessions arriving at 0.2/s" in text
+    assert "| cache | 1 | 1000 |" in text and "3.00x" in text
+    assert "- cache: failed" in text  # the closed case's only run failed: listed, no table row
+    assert "310 tokens above it" in text
