@@ -58,9 +58,9 @@ class Placement:
 class Counts:
     """For /metrics and the stats: the index's verdicts and the tokens the engine said it reused."""
 
-    hit: int = 0
-    miss: int = 0
-    more: int = 0
+    right: int = 0
+    over: int = 0
+    under: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
 

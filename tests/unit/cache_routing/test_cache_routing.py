@@ -63,10 +63,10 @@ def test_index_evicts_least_recently_used_tail_first() -> None:
 @pytest.mark.parametrize(
     ("predicted", "reused", "verdict", "capacity_after"),
     [
-        (10, 10, "hit", 1000),
-        (10, 9, "hit", 1000),  # within the slack of a block or two: a template's turn tokens
-        (10, 0, "miss", 16),  # the engine had forgotten it: the index shrinks to what it holds
-        (0, 10, "more", 1000),
+        (10, 10, "right", 1000),
+        (10, 9, "right", 1000),  # within the slack of a block or two: a template's turn tokens
+        (10, 0, "over", 16),  # the engine had forgotten it: the index shrinks to what it holds
+        (0, 10, "under", 1000),
     ],
 )
 def test_index_learns_from_the_engines_report(predicted: int, reused: int, verdict: str, capacity_after: int) -> None:
@@ -76,7 +76,7 @@ def test_index_learns_from_the_engines_report(predicted: int, reused: int, verdi
     index.insert(list(range(500, 520)))  # another conversation
     correction = index.correct(prompt, predicted, reused)
     assert correction.verdict == verdict
-    assert index.capacity == max(capacity_after, 16) if verdict == "miss" else index.capacity == capacity_after
+    assert index.capacity == max(capacity_after, 16) if verdict == "over" else index.capacity == capacity_after
     assert index.match(prompt) == len(prompt)  # after the request the engine holds the whole prompt
 
 
