@@ -8,6 +8,7 @@ from gateway.cache_routing.blocks import chain, prompt_text, shared
 from gateway.cache_routing.cost import EVICTION_WEIGHT, Place, cheapest, estimate
 from gateway.cache_routing.index import PrefixIndex
 from gateway.cache_routing.slots import SlotMap
+from gateway.cache_routing.tracker import ReplicaCache
 from gateway.routing.balancer import Balancer, Candidate
 
 SYSTEM = {"role": "system", "content": "You are terse. " * 40}
@@ -160,3 +161,30 @@ def test_balancer_by_cost_keeps_the_bound_and_health() -> None:
     assert choice is not None and choice.index == 1
     no_prompt = balancer.choose([Candidate("0", outstanding=2), Candidate("1")])
     assert no_prompt is not None and (no_prompt.index, no_prompt.reason) == (1, "least_outstanding")
+
+
+class FollowingView:
+    """A precise view that, like KvEventsCache, already follows the engine's new launch on its own."""
+
+    answering = True
+    resets = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+        self.answering = False  # it would be blind until it subscribed again
+
+    def matched(self, tokens: object) -> int:
+        return 0
+
+
+def test_a_restart_empties_the_index_and_leaves_the_precise_view_answering() -> None:
+    view = FollowingView()
+    cache = ReplicaCache(64, 64, precise=view)  # type: ignore[arg-type]
+    cache.follow((100, 0))
+    cache.chosen(cache.place(blocks_of(conversation("doc A " * 50)), "x" * 640, 0, 0.0, 2)[1])
+    assert len(cache.index) > 0
+    cache.follow((200, 1))  # a new engine process: it holds nothing of what the old one did
+    assert len(cache.index) == 0
+    assert view.answering and view.resets == 0  # the view's own (empty) record of the new launch stands
+    place, placement = cache.place(blocks_of(conversation("doc A " * 50)), "x" * 640, 0, 0.0, 2, 0, 160)
+    assert placement.precise_tokens == 0 and place.matched_tokens == 0
