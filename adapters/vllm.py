@@ -122,11 +122,13 @@ def vllm_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: Endpo
               scheduling_policy: str | None = None, kv_events: KvEvents | None = None) -> list[str]:
     argv = opts.python_module(MODULE) + engine_args(model_path, served, opts, endpoint)
     flag(argv, "--scheduling-policy", scheduling_policy)
+    # the engine's own count of reused prompt tokens in usage (prompt_tokens_details.cached_tokens), as
+    # OpenAI reports it: clients read it, and the cache-aware router corrects its index from it
+    argv.append("--enable-prompt-tokens-details")
     if kv_events is not None:
         if opts.prefix_caching is None:
             argv.append("--enable-prefix-caching")
-        # the engine's own count of reused prompt tokens in usage, beside the events
-        argv += ["--kv-events-config", kv_events.config(), "--enable-prompt-tokens-details"]
+        argv += ["--kv-events-config", kv_events.config()]
     if not opts.metrics:
         argv.append("--disable-log-stats")
     return argv

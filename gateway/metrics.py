@@ -254,8 +254,8 @@ class GatewayMetrics:
         # --- replicas and routing (issue 15) ---
         self.routing_decisions = Counter(
             "enginegate_routing_decisions",
-            "Requests sent to each replica, by why the balancer chose it (least_outstanding, round_robin, affinity, "
-            "affinity_spill, affinity_failover, probe, no_healthy).",
+            "Requests sent to each replica, by why the balancer chose it (cache_hit, cache_load, cache_cold, "
+            "least_outstanding, round_robin, affinity, affinity_spill, affinity_failover, probe, no_healthy).",
             ["model", "replica", "reason"],
             registry=r,
         )
@@ -284,6 +284,24 @@ class GatewayMetrics:
         self.replica_breaker_opens = Gauge(
             "enginegate_replica_breaker_opens", "Times the replica's circuit breaker opened since start (a counter).",
             ["model", "replica"], registry=r,
+        )
+        self.prefix_index_blocks = Gauge(
+            "enginegate_replica_prefix_index_blocks",
+            "Cache-aware routing: prompt blocks the replica's engine is believed to hold, and the index's learned "
+            "capacity (kind=held|capacity).",
+            ["model", "replica", "kind"], registry=r,
+        )
+        self.prefix_predictions = Gauge(
+            "enginegate_replica_prefix_predictions",
+            "Cache-aware routing: the index's predictions checked against the engine's reported reuse since start "
+            "(a counter; verdict=right|over|under: it predicted what the engine reused, more, or less).",
+            ["model", "replica", "verdict"], registry=r,
+        )
+        self.replica_prompt_tokens = Gauge(
+            "enginegate_replica_prompt_tokens",
+            "Cache-aware routing: prompt tokens the replica's engine reported since start, and how many it reused "
+            "from its cache (a counter; kind=prompt|cached).",
+            ["model", "replica", "kind"], registry=r,
         )
         self.draft_acceptance = Gauge(
             "enginegate_engine_draft_acceptance_ratio",

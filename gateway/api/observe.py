@@ -103,8 +103,17 @@ def _refresh_replicas(m: GatewayMetrics, backend: Backend) -> None:
         for state in BreakerState:
             m.replica_breaker.labels(*labels, state.value).set(1 if replica.breaker.state is state else 0)
         m.replica_breaker_opens.labels(*labels).set(replica.breaker.opens)
-        first_reason = backend.routing.balance if backend.routing.affinity == "none" else "affinity"
+        affinity = backend.routing.affinity
+        first_reason = backend.routing.balance if affinity == "none" else "cache_hit" if affinity == "cache" else "affinity"
         m.routing_decisions.labels(*labels, first_reason)  # exists at zero from the first scrape
+        cache = replica.cache
+        if cache is not None:
+            m.prefix_index_blocks.labels(*labels, "held").set(len(cache.index))
+            m.prefix_index_blocks.labels(*labels, "capacity").set(cache.index.capacity)
+            for verdict in ("right", "over", "under"):
+                m.prefix_predictions.labels(*labels, verdict).set(getattr(cache.counts, verdict))
+            m.replica_prompt_tokens.labels(*labels, "prompt").set(cache.counts.prompt_tokens)
+            m.replica_prompt_tokens.labels(*labels, "cached").set(cache.counts.cached_tokens)
 
 
 def _authorized(request: Request, key: str) -> bool:

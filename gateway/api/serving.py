@@ -240,9 +240,10 @@ def request_route(request: Request, backend: Backend, body: dict[str, Any]) -> R
 
 
 def with_slot(body: dict[str, Any], lease: Lease) -> dict[str, Any]:
-    """The engine slot the router chose, in the engine's own field; a slot the client named is kept."""
+    """The engine slot the router chose, in the engine's own field; a slot the client named is kept, and
+    several choices (`n`) are left to the engine (one slot would run them one after another)."""
     field = getattr(getattr(lease.adapter, "spec", None), "slot_field", None)
-    if lease.slot is None or field is None or field in body:
+    if lease.slot is None or field is None or field in body or (isinstance(body.get("n"), int) and body["n"] > 1):
         return body
     return {**body, field: lease.slot}
 

@@ -21,7 +21,8 @@ BLOCK_CHARS = 64
 """About 16 tokens of English: a turn's new message is a few blocks, a document hundreds."""
 
 
-def _text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's content as text: a string, the text parts of a list (an image's bytes are not read), else JSON."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -33,7 +34,7 @@ def prompt_text(body: Mapping[str, Any]) -> str | None:
     """The whole prompt's text in the order the engine sees it; None when the body has none."""
     messages = body.get("messages")
     if isinstance(messages, list) and messages:
-        parts = [f"{m.get('role')}\x1f{_text(m.get('content'))}{_text(m.get('tool_calls'))}\x1e"
+        parts = [f"{m.get('role')}\x1f{content_text(m.get('content'))}{content_text(m.get('tool_calls'))}\x1e"
                  for m in messages if isinstance(m, dict)]
         return "".join(parts) or None
     prompt = body.get("prompt")
@@ -44,7 +45,7 @@ def prompt_text(body: Mapping[str, Any]) -> str | None:
     if isinstance(prompt, list):  # token ids: one "character" each
         return orjson.dumps(prompt).decode()
     text = body.get("input")  # the Responses API before translation
-    return _text(text) or None
+    return content_text(text) or None
 
 
 def chain(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:

@@ -28,8 +28,8 @@ class Correction:
     predicted: int
     reused: int
     verdict: str
-    """hit (the engine reused what the index predicted), miss (it reused less: the index shrank), or
-    more (it reused more than predicted: the index grew)."""
+    """right (the engine reused what the index predicted), over (it reused less: the index had
+    predicted what the engine forgot, and shrank), or under (it reused more: the index grew)."""
 
 
 class PrefixIndex:
@@ -73,12 +73,12 @@ class PrefixIndex:
             for block in blocks[reused:predicted]:  # forgotten by the engine before this request
                 self._blocks.pop(block, None)
             self.capacity = max(self.floor, int(len(self._blocks) * SHRINK))
-            verdict = "miss"
+            verdict = "over"
         elif reused > predicted + SLACK_BLOCKS:
             self.capacity = min(self.limit, self.capacity + (reused - predicted))
-            verdict = "more"
+            verdict = "under"
         else:
-            verdict = "hit"
+            verdict = "right"
             if predicted and len(self._blocks) >= self.capacity:
                 self.capacity = min(self.limit, self.capacity + len(blocks) - predicted)
         self.insert(blocks)

@@ -58,9 +58,9 @@ class Placement:
 class Counts:
     """For /metrics and the stats: the index's verdicts and the tokens the engine said it reused."""
 
-    hit: int = 0
-    miss: int = 0
-    more: int = 0
+    right: int = 0
+    over: int = 0
+    under: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
 
@@ -86,11 +86,13 @@ class ReplicaCache:
             self._incarnation = incarnation
 
     def reset(self) -> None:
+        """Forget the approximate index and the slots. Not the precise view: it follows the engine's
+        launches itself (each publishes on its own socket and starts an empty index), and by the time
+        a request sees the new incarnation it has often caught up with the new launch already;
+        resetting it would blind it until it subscribed again, so that request fell back to guessing."""
         self.index.clear()
         if self.slots is not None:
             self.slots.clear()
-        if self.precise is not None:
-            self.precise.reset()
 
     def place(self, blocks: tuple[int, ...], text: str, outstanding: int, engine_load: float, slots: int | None,
               precise_tokens: int | None = None, prompt_tokens: int | None = None) -> tuple[Place, Placement]:

@@ -89,8 +89,8 @@ class Replica:
         if cache is None:
             return {}
         c = cache.counts
-        return {"prefix_index": {"blocks": len(cache.index), "capacity": cache.index.capacity, "hits": c.hit,
-                                 "misses": c.miss, "more": c.more, "prompt_tokens": c.prompt_tokens,
+        return {"prefix_index": {"blocks": len(cache.index), "capacity": cache.index.capacity, "predicted_right": c.right,
+                                 "predicted_over": c.over, "predicted_under": c.under, "prompt_tokens": c.prompt_tokens,
                                  "cached_tokens": c.cached_tokens, "prefill_tokens_per_second": round(cache.prefill_rate.value, 1),
                                  "service_seconds": round(cache.service.value, 3), "slots": cache.slots is not None}}
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import Adapter, EngineStats, Health
 from gateway.config import RoutingConfig
 from gateway.planning import Plan
-from gateway.cache_routing.cost import Place
+from gateway.cache_routing.cost import Place, estimate
 from gateway.cache_routing.precise import PreciseCache
 from gateway.cache_routing.tracker import Placement, ReplicaCache
 from gateway.routing import capacity
@@ -190,13 +190,22 @@ class Backend:
             places: list[Place] | None = None
             placements: list[Placement] = []
             if by_cache and route is not None:
-                found = [self.cache_of(r).place(route.blocks, route.text, c.outstanding, c.engine_load,
+                # an engine the gateway supervises serves the gateway alone: its own polled count only lags
+                # the gateway's; a shared upstream's (no incarnation) also counts its other clients
+                found = [self.cache_of(r).place(route.blocks, route.text, c.outstanding,
+                                                c.engine_load if r.adapter.incarnation() is None else 0.0,
                                                 r.admission.concurrency, precise[i] if i < len(precise) else None,
                                                 prompt_tokens)
                          for i, (r, c) in enumerate(zip(pool, candidates, strict=True))]
                 places, placements = [f[0] for f in found], [f[1] for f in found]
             choice = self.balancer.choose(candidates, key, places)
             assert choice is not None
+            if places is not None and log.isEnabledFor(logging.DEBUG):
+                log.debug("%s: %s to replica %s; per replica (outstanding, matched, prompt tokens, wait s, prefill s, "
+                          "eviction s): %s", self.model_id, choice.reason, pool[choice.index].name,
+                          [(p.outstanding, round(p.matched_tokens), round(p.prompt_tokens), *(round(x, 2) for x in
+                            (e.wait_seconds, e.prefill_seconds, e.eviction_seconds))) for p, e in
+                           ((p, estimate(p)) for p in places)])
             replica, reason = pool[choice.index], choice.reason
             if replica.admission.full:
                 replica = self._roomier(pool, replica)

