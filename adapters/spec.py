@@ -161,6 +161,8 @@ class EngineSpec:
     slot_field: str | None = None
     """The request field that sends a request to one of the engine's parallel slots (llama-server's
     `id_slot`); the cache-aware router sets it to the slot that holds the request's prefix."""
+    slots_pay: Callable[[Mapping[str, Any]], bool] | None = None
+    """Whether choosing the slot helps under these launch options (None: always, where `slot_field` is set)."""
 
     def create(self, config: EngineConfig) -> Adapter:
         return self.adapter(config, self)

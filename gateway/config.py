@@ -47,7 +47,8 @@ class RoutingConfig(BaseModel):
     """affinity cache: the most blocks one replica's prefix index holds (its memory bound: about 100 bytes each);
     it learns the engine's real cache size from the engine's reports below that."""
     pin_slots: bool = True
-    """affinity cache, llama-server: send each request to the slot that holds its prefix (`id_slot`)."""
+    """affinity cache, llama-server with its prompt cache off (`cache_ram_mib: 0`): send each request to the slot
+    that holds its prefix (`id_slot`); with the prompt cache on, llama-server's own choice restores from it."""
     failure_threshold: int = Field(default=3, ge=1)
     """Consecutive engine failures (errors, timeouts) that open a replica's circuit breaker."""
     open_seconds: float = Field(default=5.0, gt=0)

@@ -119,11 +119,14 @@ class Backend:
     def pinned_slots(self, replica: Replica) -> int | None:
         """How many engine slots the router addresses on this replica (`slot_field`), or None: the
         engine chooses. Only where the gateway admits exactly as many requests as the engine has slots,
-        so the slot it picks is always free."""
+        so the slot it picks is always free, and where the engine's spec says it pays (`slots_pay`)."""
         spec = getattr(replica.adapter, "spec", None)
+        options = getattr(replica.adapter, "options", {})
         if not self.routing.pin_slots or getattr(spec, "slot_field", None) is None:
             return None
-        slots = capacity.engine_limit(replica.adapter.engine, getattr(replica.adapter, "options", {}))
+        if spec.slots_pay is not None and not spec.slots_pay(options):
+            return None
+        slots = capacity.engine_limit(replica.adapter.engine, options)
         return slots if slots is not None and slots == replica.admission.concurrency else None
 
     def cache_of(self, replica: Replica) -> ReplicaCache:

@@ -188,3 +188,14 @@ def test_a_restart_empties_the_index_and_leaves_the_precise_view_answering() -> 
     assert view.answering and view.resets == 0  # the view's own (empty) record of the new launch stands
     place, placement = cache.place(blocks_of(conversation("doc A " * 50)), "x" * 640, 0, 0.0, 2, 0, 160)
     assert placement.precise_tokens == 0 and place.matched_tokens == 0
+
+
+@pytest.mark.parametrize(("options", "pays"), [
+    ({"cache_ram_mib": 0}, True),  # the slots are all the engine holds: the router's choice is what it reuses
+    ({"cache_ram_mib": 2048}, False),  # id_slot would bypass the host-RAM prompt cache
+    ({}, False),  # unset: llama-server's own 8 GiB cache
+])
+def test_llama_server_slots_are_chosen_only_without_its_prompt_cache(options: dict[str, object], pays: bool) -> None:
+    from adapters.llama_server import SPEC
+
+    assert SPEC.slot_field == "id_slot" and SPEC.slots_pay is not None and SPEC.slots_pay(options) is pays
