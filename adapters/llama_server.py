@@ -259,8 +259,9 @@ def slots_pay(options: Mapping[str, Any]) -> bool:
     prompt is not saved there and the request's own is not restored from it (server-context.cpp,
     get_available_slot), so the router picks slots only where that cache is off (`--cache-ram 0`, the
     plan's choice without shared prefixes; unset is llama-server's 8 GiB). Measured on an open-loop
-    multi-turn run over two replicas: with the cache off, pinning computed 1.84x the minimum prompt
-    tokens against 2.77x without; with it on, pinning 3.1-4.1x against 1.63x without."""
+    multi-turn run over two replicas (benchmarks/cache_routing.py): with the cache off, pinned 1.42x the
+    minimum prompt tokens, not pinned 1.70x; pinned with a 1 GiB cache on, 3.1x and 4.1x in two runs on
+    a shared machine, against 1.84x when llama-server chose the slot."""
     return options.get("cache_ram_mib") == 0
 
 
