@@ -46,6 +46,7 @@ def parse_vllm(argv: list[str]) -> dict[str, str | None]:
     p.add_argument("--master-addr")
     p.add_argument("--headless", action="store_true")
     p.add_argument("--disable-log-stats", action="store_true")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")
     a = p.parse_args(argv)
     key = a.api_key or os.environ.get("VLLM_API_KEY")
     return {"style": "vllm", "host": a.host, "port": str(a.port), "key": key, "model": a.served_model_name}
