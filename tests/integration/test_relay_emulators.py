@@ -22,6 +22,11 @@ CHAT = "/v1/chat/completions"
 PROMPT = {"model": "emulated-model", "messages": [{"role": "user", "content": "one two three"}]}
 
 
+def counts(usage: Usage | None) -> tuple[int, int] | None:
+    """Prompt and completion tokens (the engines that report timings add their cache and prefill figures)."""
+    return None if usage is None else (usage.prompt_tokens, usage.completion_tokens)
+
+
 @pytest.fixture(scope="module", params=STYLES)
 def emu(request: pytest.FixtureRequest) -> Iterator[RunningEmulator]:
     with running_emulator(request.param, "--api-key", KEY, "--tokens", "5", "--metrics") as e:
@@ -57,7 +62,7 @@ async def test_stream_passes_events_through_and_drops_unasked_usage(emu: Running
     assert sum(e.has_content for e in events) == 5
     assert [e.finish_reason for e in events if e.finish_reason] == ["stop"]
     observed = [e for e in events if not e.data]
-    assert len(observed) == 1 and observed[0].usage == Usage(3, 5)
+    assert len(observed) == 1 and counts(observed[0].usage) == (3, 5)
 
 
 async def test_stream_keeps_usage_the_client_asked_for(emu: RunningEmulator) -> None:
@@ -70,7 +75,7 @@ async def test_stream_keeps_usage_the_client_asked_for(emu: RunningEmulator) -> 
     assert all(e.data for e in events)
     last = orjson.loads(events[-1].data)
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 5
-    assert events[-1].usage == Usage(3, 5)
+    assert counts(events[-1].usage) == (3, 5)
 
 
 async def test_completions_stream_and_whole(emu: RunningEmulator) -> None:
@@ -83,9 +88,9 @@ async def test_completions_stream_and_whole(emu: RunningEmulator) -> None:
         await relay.aclose()
     assert isinstance(whole, Completion) and isinstance(whole.body, bytes)
     assert orjson.loads(whole.body)["choices"][0]["text"] == "tok0 tok1 tok2"
-    assert whole.usage == Usage(2, 3)
+    assert counts(whole.usage) == (2, 3)
     assert sum(e.has_content for e in events) == 3
-    assert [e.usage for e in events if e.usage] == [Usage(2, 3)]
+    assert [counts(e.usage) for e in events if e.usage] == [(2, 3)]
 
 
 async def test_non_streaming_body_is_passed_through_untouched(emu: RunningEmulator) -> None:
@@ -96,7 +101,7 @@ async def test_non_streaming_body_is_passed_through_untouched(emu: RunningEmulat
         await relay.aclose()
     assert isinstance(result, Completion) and isinstance(result.body, bytes)
     assert orjson.loads(result.body)["choices"][0]["message"]["content"] == "tok0 tok1 tok2 tok3 tok4"
-    assert result.usage == Usage(3, 5)
+    assert counts(result.usage) == (3, 5)
 
 
 async def test_bad_request_is_the_clients_error_in_openai_shape(emu: RunningEmulator) -> None:
