@@ -42,7 +42,6 @@ class Placement:
     """What the router predicted for one request at one replica, to check against the engine's report."""
 
     blocks: tuple[int, ...]
-    chars: int
     text: str
     predicted: int
     """Leading blocks the index held when it chose."""
@@ -101,7 +100,7 @@ class ReplicaCache:
         predicted = self.index.match(blocks)
         cpt = self.chars_per_token.value
         matched = float(precise_tokens) if precise_tokens is not None else predicted * self.block_chars / cpt
-        placement = Placement(blocks, chars, text, predicted, precise_tokens)
+        placement = Placement(blocks, text, predicted, precise_tokens)
         evicted = self.index.overflow(blocks, predicted) * self.block_chars / cpt
         return Place(outstanding, engine_load, slots, matched, prompt_tokens or chars / cpt, self.prefill_rate.value,
                      self.service.value, evicted), placement
@@ -135,8 +134,9 @@ class ReplicaCache:
         if usage is None or usage.prompt_tokens <= 0:
             return None
         self.counts.prompt_tokens += usage.prompt_tokens
-        if placement.chars:
-            self.chars_per_token.update(placement.chars / usage.prompt_tokens)
+        chars = len(placement.text)
+        if chars:
+            self.chars_per_token.update(chars / usage.prompt_tokens)
         if usage.cached_tokens is None:
             return None
         self.counts.cached_tokens += usage.cached_tokens
@@ -146,7 +146,7 @@ class ReplicaCache:
             took = placement.first_token - placement.dispatched
         if took and took > 0 and uncached >= MIN_MEASURED_TOKENS:
             self.prefill_rate.update(uncached / took)
-        reused_chars = usage.cached_tokens * placement.chars / usage.prompt_tokens
+        reused_chars = usage.cached_tokens * chars / usage.prompt_tokens
         correction = self.index.correct(placement.blocks, placement.predicted, int(reused_chars // self.block_chars))
         setattr(self.counts, correction.verdict, getattr(self.counts, correction.verdict) + 1)
         return correction

@@ -17,7 +17,7 @@ from gateway.cache_routing.precise import PreciseCache
 from gateway.cache_routing.tracker import Placement, ReplicaCache
 from gateway.routing import capacity
 from gateway.routing.admission import Admission
-from gateway.routing.balancer import Balancer
+from gateway.routing.balancer import Balancer, Candidate
 from gateway.routing.health import BreakerState
 from gateway.routing.monitor import HealthMonitor, follow_capacity
 from gateway.routing.pool import Lease, Replica, RouteKey
@@ -181,7 +181,7 @@ class Backend:
     async def _lease(self, route: RouteKey | None, exclude: Collection[Replica], demand: Demand | None) -> Lease:
         """The replica's choice and its admission (see acquire)."""
         key = self.route_key(route)
-        by_cache = route is not None and bool(route.text) and self.routes_by_cache
+        by_cache = route is not None and bool(route.text)  # request_route gives a text only to cache routing
         precise, prompt_tokens = await self._precise(route) if by_cache and route is not None else ([], None)
         placement: Placement | None = None
         for attempt in range(len(self.replicas) + 1):
@@ -193,10 +193,7 @@ class Backend:
             places: list[Place] | None = None
             placements: list[Placement] = []
             if by_cache and route is not None:
-                # an engine the gateway supervises serves the gateway alone: its own polled count only lags
-                # the gateway's; a shared upstream's (no incarnation) also counts its other clients
-                found = [self.cache_of(r).place(route.blocks, route.text, c.outstanding,
-                                                c.engine_load if r.adapter.incarnation() is None else 0.0,
+                found = [self.cache_of(r).place(route.blocks, route.text, c.outstanding, self._foreign_load(r, c),
                                                 r.admission.concurrency, precise[i] if i < len(precise) else None,
                                                 prompt_tokens)
                          for i, (r, c) in enumerate(zip(pool, candidates, strict=True))]
@@ -215,8 +212,8 @@ class Backend:
                 if replica is not pool[choice.index] and reason in ("affinity", "cache_hit"):
                     reason = "affinity_spill" if reason == "affinity" else "cache_load"
             placement = placements[pool.index(replica)] if placements else None
-            if placement is not None:
-                self.cache_of(replica).chosen(placement)
+            if placement is not None and replica.cache is not None:  # made by place() above
+                replica.cache.chosen(placement)
             probe = replica.breaker.dispatched()  # before any wait: one trial request at a time
             try:
                 ticket = await replica.admission.acquire(demand)
@@ -232,6 +229,13 @@ class Backend:
         if placement is not None and replica.cache is not None:
             lease.slot = replica.cache.dispatch(placement)
         return lease
+
+    @staticmethod
+    def _foreign_load(replica: Replica, candidate: Candidate) -> float:
+        """The engine's own running + waiting count for the cost: an engine the gateway supervises serves the
+        gateway alone, so its polled count only lags the gateway's own; a shared upstream's (it has no
+        incarnation) also counts its other clients."""
+        return candidate.engine_load if replica.adapter.incarnation() is None else 0.0
 
     @staticmethod
     def _roomier(pool: list[Replica], chosen: Replica) -> Replica:
@@ -250,7 +254,7 @@ class Backend:
             log.warning("%s replica %s did not start: %s", self.model_id, replica.name, error)
             replica.breaker.readiness(False, str(getattr(error, "message", error)))
         await asyncio.gather(*(follow_capacity(r) for r in self.replicas))
-        if self.routing.affinity == "cache":
+        if self.routes_by_cache:  # a model that does not route by cache gets no cache state at all
             for replica in self.replicas:
                 view = self.cache_of(replica).precise
                 if view is not None:
