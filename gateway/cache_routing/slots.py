@@ -42,6 +42,11 @@ class SlotMap:
             best = min(free, key=lambda s: self._used[s])
         return best, held
 
+    @property
+    def busy(self) -> int:
+        """Slots taken by requests that have not ended."""
+        return len(self._busy)
+
     def take(self, slot: int, text: str) -> None:
         self._tick += 1
         self._busy.add(slot)

@@ -120,3 +120,24 @@ async def test_after_a_restart_its_sessions_are_placed_by_cost_not_habit(tmp_pat
         moved = [r.name for r in backend.replicas if r.served > before[r.name]]
         assert len(moved) == 1
         assert cached(again) < again["prompt_tokens"] // 2  # nobody held it: recomputed wherever it went
+
+
+async def test_a_client_leaving_mid_stream_gives_its_slot_back_to_the_next_client(tmp_path: Path) -> None:
+    async with gateway(tmp_path, 1) as (http, backend):
+        cache = backend.replicas[0].cache
+        leaving = {"model": MODEL, "messages": [{"role": "user", "content": "Count to five hundred."}],
+                   "max_tokens": 400, "stream": True}
+        async with http.stream("POST", "/v1/chat/completions", json=leaving) as stream:
+            assert stream.status_code == 200
+            async for line in stream.aiter_lines():
+                if line.startswith("data:"):
+                    break  # the first token came: this client gives up here
+        deadline = time.monotonic() + WAIT_S
+        while backend.replicas[0].admission.running:
+            assert time.monotonic() < deadline, "the abandoned stream kept its slot"
+            await asyncio.sleep(0.05)
+        assert cache is not None and cache.slots is not None and cache.slots.busy == 0
+        for text in ("Name a colour.", "Name a fruit."):  # another client's two conversations, each pinned
+            usage = await say(http, [], text)
+            assert usage["prompt_tokens"] > 0
+        assert cache.slots.busy == 0
