@@ -19,6 +19,10 @@ import orjson
 
 BLOCK_CHARS = 64
 """About 16 tokens of English: a turn's new message is a few blocks, a document hundreds."""
+MAX_CHARS = 1 << 20
+"""Only a prompt's first MiB of text is cut into blocks (about 250k tokens, past any engine's context here):
+hashing runs on the event loop, and one client's oversized prompt must neither stall the others nor flush
+the replicas' indexes of what their conversations hold."""
 
 
 def content_text(content: Any) -> str:
@@ -49,11 +53,11 @@ def prompt_text(body: Mapping[str, Any]) -> str | None:
 
 
 def chain(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:
-    """The chained hashes of `text`'s whole blocks (a last partial block is not cached as a block by
-    the engines either: vLLM and SGLang reuse whole pages, llama-server's reuse is per token)."""
+    """The chained hashes of `text`'s whole blocks, up to `MAX_CHARS` (a last partial block is not cached
+    as a block by the engines either: vLLM and SGLang reuse whole pages, llama-server's reuse is per token)."""
     hashes: list[int] = []
     previous = b""
-    for start in range(0, len(text) - block_chars + 1, block_chars):
+    for start in range(0, min(len(text), MAX_CHARS) - block_chars + 1, block_chars):
         digest = hashlib.blake2b(previous + text[start:start + block_chars].encode(), digest_size=8).digest()
         hashes.append(int.from_bytes(digest, "big"))
         previous = digest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cache_routing.blocks import chain, prompt_text, shared
+from gateway.cache_routing.blocks import MAX_CHARS, chain, prompt_text, shared
 from gateway.cache_routing.cost import EVICTION_WEIGHT, Place, cheapest, estimate
 from gateway.cache_routing.index import PrefixIndex
 from gateway.cache_routing.slots import SlotMap
@@ -34,6 +34,7 @@ def test_chained_blocks_share_exactly_the_common_prefix() -> None:
     later = blocks_of(conversation("doc A " * 50, "and then?"))
     assert shared(a, later) == len(a)  # a later turn extends its conversation's chain
     assert chain("x" * 63) == ()  # only whole blocks
+    assert len(chain("x" * (2 * MAX_CHARS), 64)) == MAX_CHARS // 64  # an oversized prompt: its first MiB
     assert prompt_text({"prompt": "hi"}) == "hi" and prompt_text({"prompt": [[1, 2]]}) == "[1,2]"
     assert prompt_text({}) is None
 
