@@ -76,6 +76,21 @@ def _locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
 
+def _wal(db: sqlite3.Connection) -> None:
+    """Switch to WAL, waiting out another process doing the same: SQLite answers that change with SQLITE_BUSY
+    at once, without its busy handler, while another connection opens the new file (two gateways, or two
+    store clients, starting together), so the busy timeout is applied here by hand (worker thread only)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not _locked(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _transaction(db: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
     db.execute("BEGIN IMMEDIATE")
     try:
@@ -100,7 +115,7 @@ class SQLiteKeyStore:
         if self._db is None:
             private_file(self.path)
             db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
+            _wal(db)
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(SCHEMA)
             self._db = db
