@@ -74,7 +74,7 @@ def _lifespan(app: FastAPI, settings: Settings, runtime: Runtime | None) -> ASGI
     async def lifespan(scope: Scope, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
         try:
-            await asyncio.to_thread(app.state.response_store.check)
+            await app.state.response_store.check()
         except StoreUnavailable as exc:  # before any engine starts: one line naming the path
             app.state.startup_error = str(exc)
             await send({"type": "lifespan.startup.failed", "message": f"enginegate: cannot start: {exc}"})
@@ -102,6 +102,7 @@ def _lifespan(app: FastAPI, settings: Settings, runtime: Runtime | None) -> ASGI
         finally:
             try:
                 await app.state.tenancy.close()  # usage still buffered: written, else spooled
+                await app.state.response_store.close()
             finally:
                 await send({"type": "lifespan.shutdown.complete"})
 

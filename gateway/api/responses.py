@@ -17,13 +17,7 @@ from gateway.api.chat import check_chat
 from gateway.api.errors import APIError
 from gateway.api.modalities import check_modalities
 from gateway.api.protocol import ResponseFormat
-from gateway.api.response_store import (
-    ResponseStore,
-    SQLiteResponseStore,
-    StoredResponse,
-    StoreUnavailable,
-    default_store_path,
-)
+from gateway.api.response_store import ANONYMOUS, ResponseStore, StoredResponse, StoreUnavailable, default_store_path
 from gateway.api.responses_translate import (
     NativeResponsesDialect,
     ResponsesDialect,
@@ -34,7 +28,9 @@ from gateway.api.responses_translate import (
     to_chat,
 )
 from gateway.api.serving import echoed, generate, parse_body, resolve_backend
+from gateway.api.sqlite_response_store import SQLiteResponseStore
 from gateway.config import Settings
+from gateway.identity import caller_of
 
 log = logging.getLogger("enginegate.responses")
 router = APIRouter()
@@ -49,6 +45,18 @@ def build_store(settings: Settings) -> ResponseStore:
 
 def _store(request: Request) -> ResponseStore:
     return request.app.state.response_store  # type: ignore[no-any-return]
+
+
+def owner_of(request: Request) -> str:
+    """The tenant a stored response belongs to: the caller's key name (ANONYMOUS without keys)."""
+    caller = caller_of(request.scope)
+    return caller.name if caller is not None else ANONYMOUS
+
+
+def reach_of(request: Request) -> str | None:
+    """Whose records this caller may read or delete: its own; None (every owner) for an admin or without keys."""
+    caller = caller_of(request.scope)
+    return None if caller is None or caller.is_admin else caller.name
 
 
 @contextlib.contextmanager
@@ -71,7 +79,7 @@ async def create_response(request: Request) -> Response:
     history: list[dict[str, Any]] = []
     if parsed.previous_response_id is not None:
         with _usable_store():
-            previous = await store.get(parsed.previous_response_id)
+            previous = await store.get(parsed.previous_response_id, reach_of(request))
         if previous is None:
             raise APIError(400, f"Previous response with id '{echoed(parsed.previous_response_id)}' not found.",
                            param="previous_response_id", code="previous_response_not_found")
@@ -83,7 +91,7 @@ async def create_response(request: Request) -> Response:
         if not parsed.store:
             return
         output = response.get("output") or []
-        record = StoredResponse(str(response["id"]), time.time(), response, items, history + items + output)
+        record = StoredResponse(str(response["id"]), owner_of(request), time.time(), response, items, history + items + output)
         try:
             await store.put(record)
         except Exception:  # the answer is still good; say it was not stored rather than fail it
@@ -104,7 +112,7 @@ async def create_response(request: Request) -> Response:
 @router.get("/v1/responses/{response_id}")
 async def get_response(request: Request, response_id: str) -> Response:
     with _usable_store():
-        record = await _store(request).get(response_id)
+        record = await _store(request).get(response_id, reach_of(request))
     if record is None:
         raise _not_found(response_id)
     return Response(orjson.dumps(record.response), media_type="application/json")
@@ -113,7 +121,7 @@ async def get_response(request: Request, response_id: str) -> Response:
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
     with _usable_store():
-        deleted = await _store(request).delete(response_id)
+        deleted = await _store(request).delete(response_id, reach_of(request))
     if not deleted:
         raise _not_found(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
@@ -128,7 +136,7 @@ async def list_input_items(
     after: str | None = None,
 ) -> dict[str, Any]:
     with _usable_store():
-        record = await _store(request).get(response_id)
+        record = await _store(request).get(response_id, reach_of(request))
     if record is None:
         raise _not_found(response_id)
     items = record.input_items if order == "asc" else list(reversed(record.input_items))

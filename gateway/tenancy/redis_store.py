@@ -139,7 +139,7 @@ class RedisKeyStore:
         raw = await self._run(lambda: self.client.hget(self.p + "keys", name))
         return KeyRecord.from_json(orjson.loads(raw)) if raw else None
 
-    async def has_keys(self) -> bool:
+    async def auth_enabled(self) -> bool:
         return bool(await self._run(lambda: self.client.hlen(self.p + "active")))
 
     async def list(self) -> list[KeyRecord]:
@@ -167,7 +167,7 @@ class RedisKeyStore:
             name, current.secret_hash, new_hash, orjson.dumps(record.to_json())]))
         return record if done else None
 
-    async def reserve(self, name: str, limits: Limits, cost: int) -> Decision:
+    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str) -> Decision:
         keys = [f"{self.p}w:{name}:requests", f"{self.p}w:{name}:tokens", f"{self.p}inflight:{name}",
                 f"{self.p}budget:{name}:{limits.budget_period}"]
         args = [limits.rpm or 0, limits.tpm or 0, limits.concurrency or 0, limits.budget or 0, limits.window_ms,

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import time
+import uuid
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -65,7 +66,7 @@ class Tenancy:
             return value
         self._has_keys = (now, value)  # one refresh at a time: concurrent requests use the last answer
         try:
-            value = await self.store.has_keys()
+            value = await self.store.auth_enabled()
         except StoreUnavailable as exc:
             log.warning("%s: keys are required until it answers", exc)
             value = True
@@ -99,8 +100,9 @@ class Tenancy:
             return Ticket(record.name, model)
         limits = Limits.of(policy, time.time())
         cost = estimate_prompt_tokens(body) if limits.tpm or limits.budget else 0
+        request_id = uuid.uuid4().hex  # the gateway's own: a client-sent id could replay another request's charge
         try:
-            decision = await self.store.reserve(record.name, limits, cost)
+            decision = await self.store.reserve(record.name, limits, cost, request_id)
         except StoreUnavailable as exc:
             if not self.fail_open:
                 raise
@@ -109,9 +111,9 @@ class Tenancy:
         if not decision.admitted:
             if self.metrics is not None:
                 self.metrics.rejected(record.name, model, decision.refused or "")
-            await self._write([Settlement(record.name, None, 0, False, _usage(record.name, model, rejected=1))])
+            await self._write([Settlement(request_id, record.name, None, 0, False, _usage(record.name, model, rejected=1))])
             raise Refused(decision)
-        return Ticket(record.name, model, limits, decision, charged=cost)
+        return Ticket(record.name, model, limits, decision, charged=cost, request_id=request_id)
 
     async def settle(self, ticket: Ticket, failed: bool, engine_s: float) -> None:
         if ticket.settled:
@@ -123,7 +125,7 @@ class Tenancy:
                        errors=int(failed or ticket.failed), engine_ms=round(engine_s * 1000))
         if self.metrics is not None:
             self.metrics.settled(usage)
-        await self._write([Settlement(ticket.name, ticket.limits if ticket.decision else None, ticket.token_delta(),
+        await self._write([Settlement(ticket.request_id or uuid.uuid4().hex, ticket.name, ticket.limits if ticket.decision else None, ticket.token_delta(),
                                       ticket.holds_slot, usage)])
 
     # -- writing usage -------------------------------------------------------------------------

@@ -194,7 +194,7 @@ class SQLiteKeyStore:
         row = self._conn().execute(sql, (arg,)).fetchone()
         return KeyRecord.from_json(orjson.loads(row[0])) if row else None
 
-    async def has_keys(self) -> bool:
+    async def auth_enabled(self) -> bool:
         def run() -> bool:
             if self._db is None and not self.path.exists():
                 return False  # nothing made yet: no file is created until a key or a usage record is written
@@ -239,7 +239,7 @@ class SQLiteKeyStore:
         return record
 
     # -- limits ------------------------------------------------------------------------------
-    async def reserve(self, name: str, limits: Limits, cost: int) -> Decision:
+    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str) -> Decision:
         return await self._write(lambda db: self._reserve(db, name, limits, cost))
 
     @staticmethod

@@ -1,7 +1,15 @@
-"""The key store contract: keys, the atomic limit decision, and usage. Two implementations:
-embedded SQLite (one host; several processes on one file) and Redis (several hosts or pods).
+"""The key store contract: keys, the atomic limit decision, and usage. Implementations: embedded
+SQLite (one host; several processes on one file), Redis (several hosts or pods) and PostgreSQL
+(`database_url`: every gateway that names it), all passing one table of tests.
 
-Every method may raise `StoreUnavailable`; nothing else leaves a store for a store fault."""
+Every method may raise `StoreUnavailable`; nothing else leaves a store for a store fault (a
+server's error reply, such as Redis READONLY or OOM, is a StoreUnavailable too).
+
+Accounting is idempotent: every `reserve` and `settle` carries the request's id, and the store
+applies each at most once (a call replayed after a timeout, which the store may already have run,
+changes nothing). A concurrency slot is a lease held under the request's id: `renew` extends it
+(the gateway heartbeats every `LEASE_RENEW_S`), a lease not renewed for `LEASE_TTL_MS` expires,
+so a dead gateway's slots come back within a minute; `release_leases` is the admin reset."""
 
 from __future__ import annotations
 
@@ -18,6 +26,14 @@ class StoreUnavailable(Exception):
 
 class KeyExists(Exception):
     pass
+
+
+LEASE_TTL_MS = 30_000
+"""A concurrency lease not renewed for this long is gone (its gateway died)."""
+LEASE_RENEW_S = 10.0
+"""How often a gateway renews the leases of its requests in flight."""
+APPLIED_KEEP_MS = 86_400_000
+"""How long a store remembers that it applied a request id (reserve or settle)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +57,12 @@ USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "errors", "rej
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """What one request's end changes: its concurrency slot back, the tokens the admission charge
-    did not cover (the completion, and the prompt's correction) into the window and the budget,
-    and the usage record."""
+    """What one request's end changes: its concurrency lease released, the tokens the admission
+    charge did not match (the prompt's correction, the completion; negative: a refund of the
+    reserved completion not used) into the window and the budget, and the usage record.
+    Applied at most once per `request_id`."""
 
+    request_id: str
     name: str
     limits: Limits | None
     token_delta: int
@@ -52,13 +70,13 @@ class Settlement:
     usage: UsageDelta
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "limits": asdict(self.limits) if self.limits else None,
+        return {"request_id": self.request_id, "name": self.name, "limits": asdict(self.limits) if self.limits else None,
                 "token_delta": self.token_delta, "release": self.release, "usage": self.usage.to_json()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Settlement:
         limits = Limits(**data["limits"]) if data.get("limits") else None
-        return cls(data["name"], limits, int(data["token_delta"]), bool(data["release"]), UsageDelta(**data["usage"]))
+        return cls(str(data["request_id"]), data["name"], limits, int(data["token_delta"]), bool(data["release"]), UsageDelta(**data["usage"]))
 
 
 class KeyStore(Protocol):
@@ -66,7 +84,14 @@ class KeyStore(Protocol):
         """The active or revoked record holding this secret hash (revoked ones keep no hash: None)."""
         ...
 
-    async def has_keys(self) -> bool: ...
+    async def auth_enabled(self) -> bool:
+        """Keys are on: recorded when the first key is created, and never turned off by revoking
+        keys (a store whose every key is revoked still requires one)."""
+        ...
+
+    async def disable_auth(self) -> None:
+        """The explicit admin act that turns "keys are on" off again (every key must be revoked first)."""
+        ...
 
     async def create(self, record: KeyRecord) -> None:
         """Raises KeyExists when an unrevoked key has the name."""
@@ -80,12 +105,24 @@ class KeyStore(Protocol):
 
     async def replace_secret(self, name: str, secret_hash: str) -> KeyRecord | None: ...
 
-    async def reserve(self, name: str, limits: Limits, cost: int) -> Decision:
-        """Check the limits and, when they allow it, charge one request, `cost` tokens and one
-        concurrency slot: one atomic step across every process sharing the store."""
+    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str) -> Decision:
+        """Check the limits and, when they allow it, charge one request, `cost` tokens and (when
+        limits.concurrency is set) a lease under `request_id`: one atomic step across every process
+        sharing the store. A replay of an id already reserved charges nothing again and answers
+        an admitted decision."""
         ...
 
-    async def settle(self, settlements: list[Settlement]) -> None: ...
+    async def renew(self, leases: list[tuple[str, str]]) -> None:
+        """Extend the leases (name, request_id) of requests still in flight by LEASE_TTL_MS."""
+        ...
+
+    async def settle(self, settlements: list[Settlement]) -> None:
+        """Apply each settlement once (by request_id); a release ends that request's lease."""
+        ...
+
+    async def release_leases(self, name: str) -> int:
+        """Admin reset: end every concurrency lease of this tenant; how many there were."""
+        ...
 
     async def usage(self, name: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
         """Rows per key, model and UTC day (since: YYYY-MM-DD, inclusive)."""

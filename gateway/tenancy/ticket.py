@@ -23,6 +23,8 @@ class Ticket:
     completion_tokens: int = 0
     streamed_events: int = 0
     failed: bool = False
+    request_id: str = ""
+    """The id its reserve and settle carry (the gateway's own, never the client's x-request-id)."""
     settled: bool = False
 
     def record(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:

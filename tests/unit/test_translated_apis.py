@@ -380,23 +380,24 @@ def test_translated_routes_are_counted_like_chat(app_client: TestClient) -> None
 async def test_sqlite_store_retention_concurrency_and_reopen(tmp_path: Path) -> None:
     import time
 
-    from gateway.api.response_store import SQLiteResponseStore, StoredResponse
+    from gateway.api.response_store import StoredResponse
+    from gateway.api.sqlite_response_store import SQLiteResponseStore
 
     path = tmp_path / "deep" / "r.sqlite3"
     store = SQLiteResponseStore(path, max_age_s=3600, max_count=30)
 
     def record(i: int, age: float = 0.0) -> StoredResponse:
-        return StoredResponse(f"resp_{i}", time.time() - age, {"id": f"resp_{i}"}, [{"id": f"in_{i}"}], [{"n": i}])
+        return StoredResponse(f"resp_{i}", "", time.time() - age, {"id": f"resp_{i}"}, [{"id": f"in_{i}"}], [{"n": i}])
 
     await asyncio.gather(*(store.put(record(i)) for i in range(40)))  # concurrent writers, one file
-    kept = [r for r in await asyncio.gather(*(store.get(f"resp_{i}") for i in range(40))) if r is not None]
+    kept = [r for r in await asyncio.gather(*(store.get(f"resp_{i}", None) for i in range(40))) if r is not None]
     assert len(kept) == 30
     reopened = SQLiteResponseStore(path, max_age_s=3600, max_count=30)  # a restarted gateway
-    got = await reopened.get(kept[0].id)
+    got = await reopened.get(kept[0].id, None)
     assert got is not None and got.history == kept[0].history and got.input_items == kept[0].input_items
     await reopened.put(record(100, age=7200))  # older than max_age: pruned on write, never served
-    assert await reopened.get("resp_100") is None
-    assert await reopened.delete(kept[0].id) and not await reopened.delete(kept[0].id)
+    assert await reopened.get("resp_100", None) is None
+    assert await reopened.delete(kept[0].id, None) and not await reopened.delete(kept[0].id, None)
 
 
 def test_messages_output_config_format_becomes_response_format(claude: anthropic.Anthropic, script: ScriptAdapter) -> None:

@@ -35,10 +35,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 async def test_key_lifecycle(store: KeyStore) -> None:
-    assert not await store.has_keys()
+    assert not await store.auth_enabled()
     record, secret = new_record("team-a", KeyPolicy(rpm=5, models=("a",)))
     await store.create(record)
-    assert await store.has_keys()
+    assert await store.auth_enabled()
     assert (await store.lookup(hash_secret(secret))) == record
     with pytest.raises(KeyExists):
         await store.create(new_record("team-a", KeyPolicy())[0])
@@ -50,7 +50,7 @@ async def test_key_lifecycle(store: KeyStore) -> None:
     assert revoked is not None and revoked.revoked_at == 5.0
     assert await store.lookup(hash_secret(new_secret)) is None
     assert await store.revoke("team-a", 6.0) is None and await store.replace_secret("team-a", "x") is None
-    assert not await store.has_keys()
+    assert not await store.auth_enabled()
     assert [r.name for r in await store.list()] == ["team-a"]
     await store.create(new_record("team-a", KeyPolicy())[0])  # a revoked name may be taken again
 
@@ -139,7 +139,7 @@ async def test_a_locked_sqlite_file_is_waited_for_off_the_event_loop(tmp_path: P
 
     ticker = asyncio.create_task(ticking())
     asyncio.get_running_loop().call_later(0.3, other.rollback)
-    decision = await store.reserve("t", Limits.of(KeyPolicy(rpm=5), 0.0), 1)
+    decision = await store.reserve("t", Limits.of(KeyPolicy(rpm=5), 0.0), 1, "r1")
     ticker.cancel()
     assert decision.admitted and ticks >= 10  # the loop kept running while the reserve waited for the lock
     other.close()

@@ -84,13 +84,13 @@ async def test_stores_decide_as_the_rule(stores: tuple[KeyStore, KeyStore], name
                                          steps: list[tuple[int, str | None]]) -> None:
     lim = limits(**fields)
     for i, (cost, expected) in enumerate(steps):
-        decision = await stores[i % 2].reserve("k", lim, cost)  # alternate clients: one shared count
+        decision = await stores[i % 2].reserve("k", lim, cost, f"k{i}")  # alternate clients: one shared count
         assert decision.refused == expected, f"{name}: step {i}"
 
 
 async def test_a_burst_from_two_clients_gets_exactly_the_limit(stores: tuple[KeyStore, KeyStore]) -> None:
     lim = limits(rpm=20, max_concurrency=1000)
-    decisions = await asyncio.gather(*(stores[i % 2].reserve("burst", lim, 1) for i in range(60)))
+    decisions = await asyncio.gather(*(stores[i % 2].reserve("burst", lim, 1, f"b{i}") for i in range(60)))
     assert sum(d.admitted for d in decisions) == 20
     assert sorted(d.counters.requests for d in decisions if d.admitted) == list(range(1, 21))
 
@@ -98,13 +98,13 @@ async def test_a_burst_from_two_clients_gets_exactly_the_limit(stores: tuple[Key
 async def test_settle_frees_the_slot_and_charges_the_completion(stores: tuple[KeyStore, KeyStore]) -> None:
     a, b = stores
     lim = limits(max_concurrency=1, budget_tokens=100, tpm=1000)
-    assert (await a.reserve("s", lim, 10)).admitted
-    assert (await b.reserve("s", lim, 10)).refused == "concurrency"
+    assert (await a.reserve("s", lim, 10, "r1")).admitted
+    assert (await b.reserve("s", lim, 10, "rx")).refused == "concurrency"
     usage = UsageDelta("s", "m", "2026-12-01", requests=1, prompt_tokens=8, completion_tokens=30)
-    await a.settle([Settlement("s", lim, 8 - 10 + 30, True, usage)])
-    after = await b.reserve("s", lim, 10)
+    await a.settle([Settlement("r1", "s", lim, 8 - 10 + 30, True, usage)])
+    after = await b.reserve("s", lim, 10, "r3")
     assert after.admitted and after.counters.budget_used == 10 + 28 + 10 and after.counters.tokens == 48
-    await b.settle([Settlement("s", lim, 0, True, usage)])
+    await b.settle([Settlement("r2", "s", lim, 0, True, usage)])
     rows = await a.usage("s")
     assert rows == [{"name": "s", "model": "m", "day": "2026-12-01", "requests": 2, "prompt_tokens": 16,
                      "completion_tokens": 60, "errors": 0, "rejected": 0, "engine_ms": 0}]
@@ -113,12 +113,12 @@ async def test_settle_frees_the_slot_and_charges_the_completion(stores: tuple[Ke
 
 async def test_the_window_starts_again_after_window_seconds(stores: tuple[KeyStore, KeyStore]) -> None:
     lim = limits(rpm=1, window_seconds=0.3)
-    first = await stores[0].reserve("w", lim, 1)
+    first = await stores[0].reserve("w", lim, 1, "w1")
     assert first.admitted and 0 < first.counters.requests_reset_ms <= 300
-    refused = await stores[1].reserve("w", lim, 1)
+    refused = await stores[1].reserve("w", lim, 1, "w2")
     assert refused.refused == "requests" and 0 < refused.counters.requests_reset_ms <= 300
     await asyncio.sleep(0.35)
-    assert (await stores[1].reserve("w", lim, 1)).admitted
+    assert (await stores[1].reserve("w", lim, 1, "w3")).admitted
 
 
 def test_budget_periods_are_utc_days_and_months() -> None:
