@@ -221,7 +221,8 @@ class TenancyConfig(BaseModel):
     """Store unreachable: closed answers 503 (config-file keys still authenticate); open lets the keys seen
     before through without limits. Usage is kept and written when the store is back, either way."""
     key_metrics: bool = False
-    """Prometheus counters by key name (enginegate_key_*): one label value per key."""
+    """Prometheus counters by key name (enginegate_key_*): one label value per key. The names are the tenants':
+    without metrics_api_key anyone reaching /metrics reads them (start-up warns)."""
 
     @field_validator("redis_url")
     @classmethod
