@@ -1,7 +1,10 @@
-"""Stored Responses belong to the tenant that made them (issue 32, item 1), on a real gateway serving the
-embedded model, driven by the official openai client with three config keys: team-a and team-b (users)
-and ops (admin). Another tenant's id answers exactly as a missing id does; admins reach every record;
-a file written before owners were recorded is migrated at start-up, its records admins only."""
+"""What one tenant can learn of another and of the host (issue 32, items 1 and 7), on a real gateway serving
+the embedded model, driven by the official openai client with three config keys: team-a and team-b (users)
+and ops (admin).
+
+Stored Responses belong to the tenant that made them: another tenant's id answers exactly as a missing id
+does; admins reach every record; a file written before owners were recorded is migrated at start-up, its
+records admins only. /v1/models shows a user key no host path; a 403 echoes at most 64 characters of the path."""
 
 from __future__ import annotations
 
@@ -97,3 +100,14 @@ def test_records_from_before_owners_are_admins_only_after_the_upgrade(gw: Runnin
     with pytest.raises(openai.NotFoundError):
         client(gw, "team-b").responses.delete("resp_before_owners")
     assert client(gw, "ops").responses.retrieve("resp_before_owners").id == "resp_before_owners"
+
+
+def test_a_user_key_sees_no_host_path_in_the_model_list(gw: RunningGateway) -> None:
+    user = client(gw, "team-a").models.list().data
+    admin = client(gw, "ops").models.list().data
+    [path] = {m.model_extra["meta"]["path"] for m in admin if m.id == MODEL}  # type: ignore[index]
+    assert path.startswith("/") and path.endswith(".gguf")
+    for card in [*user, client(gw, "team-a").models.retrieve(MODEL)]:
+        assert card.model_extra is not None
+        assert "path" not in card.model_extra["meta"] and path not in str(card.model_dump())
+        assert card.model_extra["meta"]["context_length"] > 0
