@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.api.errors import echoed
 from gateway.identity import set_caller
 from gateway.middleware import bearer_token, send_error
 from gateway.tenancy.access import required_access
@@ -116,7 +117,7 @@ class AuthMiddleware:
             await send_error(send, 401, message, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
             return
         if access == "admin" and not record.caller().is_admin:
-            await send_error(send, 403, f"{scope['path']} needs a key with role admin.", "permission_denied")
+            await send_error(send, 403, f"{echoed(scope['path'])} needs a key with role admin.", "permission_denied")
             return
         self._identify(scope, record)
         await self._serve(scope, receive, send)

@@ -111,3 +111,11 @@ def test_a_user_key_sees_no_host_path_in_the_model_list(gw: RunningGateway) -> N
         assert card.model_extra is not None
         assert "path" not in card.model_extra["meta"] and path not in str(card.model_dump())
         assert card.model_extra["meta"]["context_length"] > 0
+
+
+def test_a_403_echoes_at_most_64_characters_of_the_path(gw: RunningGateway) -> None:
+    path = "/admin/engines/" + "x" * 20_000
+    r = raw(gw, "team-a", "GET", path)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "permission_denied"
+    message = r.json()["error"]["message"]
+    assert message == f"{path[:64]}... needs a key with role admin." and len(r.content) < 400
