@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import IO
 
 from adapters import process_group
+from adapters.paths import open_private_log
 
 log = logging.getLogger("enginegate.process")
 
@@ -257,8 +258,7 @@ class ManagedProcess:
             self.restarts = 0
             self._crash_times.clear()
             if self.log_path is not None and self._log_file is None:
-                self.log_path.parent.mkdir(parents=True, exist_ok=True)
-                self._log_file = self.log_path.open("a", encoding="utf-8")
+                self._log_file = open_private_log(self.log_path)
             self._transition(ProcessState.STARTING, "launching")
             first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._first = first

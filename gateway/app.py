@@ -30,6 +30,7 @@ from gateway.api.response_store import StoreUnavailable
 from gateway.api.openapi import install_openapi
 from gateway.config import Settings
 from gateway.drain import Drain, DrainMiddleware
+from gateway.exposure import exposure_warnings
 from gateway.metrics import GatewayMetrics, MetricsMiddleware
 from gateway.middleware import BodyLimitMiddleware
 from gateway.runtime import Runtime
@@ -93,8 +94,11 @@ def _lifespan(app: FastAPI, settings: Settings, runtime: Runtime | None) -> ASGI
             await rt.stop()
             raise
         await app.state.tenancy.start()
-        print(rt.summary(settings.host, settings.port, store=app.state.response_store.describe()),
-              file=sys.stderr, flush=True)
+        warnings = exposure_warnings(settings, keys_on=await app.state.tenancy.required())
+        for warning in warnings:
+            log.warning("%s", warning)
+        print(rt.summary(settings.host, settings.port, store=app.state.response_store.describe(),
+                         warnings=tuple(warnings)), file=sys.stderr, flush=True)
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
         try:

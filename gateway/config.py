@@ -190,9 +190,9 @@ class ResponseStoreConfig(BaseModel):
     path: Path | None = None
     """The SQLite file; None: $XDG_DATA_HOME/enginegate/responses.sqlite3 (~/.local/share/...)."""
     max_age_seconds: float = Field(default=30 * 24 * 3600, gt=0)
-    """Stored responses older than this are pruned on every write."""
+    """Stored responses older than this (every tenant's) are pruned on every write."""
     max_count: int = Field(default=10_000, ge=1)
-    """At most this many stored responses; the oldest are pruned first."""
+    """At most this many stored responses per tenant (key name); each tenant's oldest are pruned first."""
 
 
 class StaticKey(KeyPolicy):
@@ -221,7 +221,8 @@ class TenancyConfig(BaseModel):
     """Store unreachable: closed answers 503 (config-file keys still authenticate); open lets the keys seen
     before through without limits. Usage is kept and written when the store is back, either way."""
     key_metrics: bool = False
-    """Prometheus counters by key name (enginegate_key_*): one label value per key."""
+    """Prometheus counters by key name (enginegate_key_*): one label value per key. The names are the tenants':
+    without metrics_api_key anyone reaching /metrics reads them (start-up warns)."""
 
     @field_validator("redis_url")
     @classmethod

@@ -114,7 +114,7 @@ class Runtime:
         self.started = False
         await self.lifecycles.stop()
 
-    def summary(self, host: str, port: int, store: str | None = None) -> str:
+    def summary(self, host: str, port: int, store: str | None = None, warnings: tuple[str, ...] = ()) -> str:
         lines = ["enginegate"]
         if self.snapshot is not None:
             lines.append(f"  host:   {self.snapshot.summary()}")
@@ -135,6 +135,7 @@ class Runtime:
         if store is not None:
             lines.append(f"  store:  stored responses in {store}")
         lines.append(f"  listen: http://{host}:{port}/v1  (OpenAI-compatible; metrics at /metrics)")
+        lines.extend(f"  WARNING: {warning}" for warning in warnings)
         return "\n".join(lines)
 
 

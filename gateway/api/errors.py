@@ -17,6 +17,12 @@ from adapters.upstream_errors import error_type
 
 log = logging.getLogger("enginegate.api")
 CLIENT_CLOSED = 499  # nginx's status for a request its client abandoned; never seen by that client
+MAX_ECHOED = 64
+
+
+def echoed(text: str) -> str:
+    """A client's name, id or path as an error message repeats it: at most 64 characters of it."""
+    return text if len(text) <= MAX_ECHOED else text[:MAX_ECHOED] + "..."
 
 
 class APIError(Exception):

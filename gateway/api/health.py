@@ -1,16 +1,13 @@
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.api.redact import hide_internals
 from gateway.api.serving import runtime
 from gateway.identity import caller_of
-
-# Process ids, ports and URLs of engines: for operators (an admin key, or /admin/engines), not for anyone who can reach /ready.
-_INTERNAL = re.compile(r"\b(pid|port)\s+\d+|https?://\S+")
 
 router = APIRouter()
 
@@ -28,7 +25,7 @@ async def ready(request: Request) -> Response:
     models: dict[str, Any] = {}
     for backend in rt.models:
         h = await backend.health()
-        detail = h.detail if operator else _INTERNAL.sub(lambda m: f"{m.group(1)} *" if m.group(1) else "*", h.detail)
+        detail = h.detail if operator else hide_internals(h.detail)  # the operator's: an admin key, or /admin/engines
         state = backend.lifecycle.state.value if backend.lifecycle is not None else None
         models[backend.model_id] = {"engine": backend.engine, "ready": h.ready, "state": state, "detail": detail}
     if request.app.state.drain.draining:

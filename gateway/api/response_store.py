@@ -44,6 +44,11 @@ class StoreUnavailable(Exception):
     """The store cannot be read or written (its path is unusable, the disk is gone): the message names the path."""
 
 
+class IdTaken(Exception):
+    """`put` of an id another owner's record holds: that record is never replaced (ids are the gateway's
+    or the engine's, so this is an engine repeating an id, not a client's doing)."""
+
+
 class ResponseStore(Protocol):
     def describe(self) -> str:
         """Where the records live, for the start-up summary."""
@@ -54,7 +59,8 @@ class ResponseStore(Protocol):
         ...
 
     async def put(self, record: StoredResponse) -> None:
-        """Store it, then prune: records older than max_age, and the record's owner's oldest beyond max_count."""
+        """Store it (replacing the owner's own record of that id; IdTaken for another owner's), then prune:
+        records older than max_age, and the record's owner's oldest beyond max_count."""
         ...
 
     async def get(self, response_id: str, owner: str | None) -> StoredResponse | None:

@@ -26,7 +26,7 @@ from adapters.base import (
 )
 from adapters.upstream_errors import stream_failure
 from gateway.api.disconnect import ClientGone, unless_disconnected
-from gateway.api.errors import CLIENT_CLOSED, APIError, error_payload, error_response
+from gateway.api.errors import CLIENT_CLOSED, APIError, echoed, error_payload, error_response
 from gateway.api.validate import check_output_limits
 from gateway.drain import SHUTTING_DOWN, Drain
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
@@ -142,13 +142,7 @@ def metrics(request: Request) -> GatewayMetrics:
     return request.app.state.metrics  # type: ignore[no-any-return]
 
 
-MAX_ECHOED_NAME = 64
 MAX_LISTED_MODELS = 20
-
-
-def echoed(text: str) -> str:
-    """A client's name or id as an error message repeats it: at most 64 characters of it."""
-    return text if len(text) <= MAX_ECHOED_NAME else text[:MAX_ECHOED_NAME] + "..."
 
 
 def model_not_found(request: Request, name: str) -> APIError:

@@ -4,19 +4,26 @@ budget). Pure: no I/O. The secret itself exists only in the answer to create/rot
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import secrets
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.identity import Caller, Role, ServiceTier
 
+log = logging.getLogger("enginegate.keys")
 SECRET_PREFIX = "eg-"
 BudgetPeriod = Literal["day", "month"]
+_warned_unknown: set[tuple[str, ...]] = set()
+
+
+class UnreadableKey(ValueError):
+    """A stored key record whose known fields this gateway cannot read (a value a newer gateway allows)."""
 
 
 class KeyPolicy(BaseModel):
@@ -61,6 +68,8 @@ class KeyRecord:
     revoked_at: float | None = None
     static: bool = False
     """From the config file: not revocable or rotatable through the store."""
+    unknown: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """Policy fields of a newer gateway, unknown here: not enforced by this gateway, kept when the record is rewritten."""
 
     def caller(self) -> Caller:
         return Caller(self.name, self.policy.role, self.policy.weight, self.policy.service_tier)
@@ -71,18 +80,42 @@ class KeyRecord:
     def to_json(self) -> dict[str, Any]:
         """The stored form (with the hash, never the secret)."""
         return {"name": self.name, "secret_hash": self.secret_hash, "created_at": self.created_at,
-                "revoked_at": self.revoked_at, "policy": self.policy.model_dump(mode="json", exclude_defaults=True)}
+                "revoked_at": self.revoked_at,
+                "policy": {**self.unknown, **self.policy.model_dump(mode="json", exclude_defaults=True)}}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KeyRecord:
-        return cls(data["name"], data["secret_hash"], KeyPolicy.model_validate(data.get("policy") or {}),
-                   float(data["created_at"]), data.get("revoked_at"))
+        """The stored form. Unlike a config-file key (extra="forbid": a typo fails start-up), a stored record may
+        hold fields a newer gateway wrote: they are ignored here (a warning, once) rather than fail every request
+        of the key; a known field's value this gateway cannot read raises UnreadableKey."""
+        name = data["name"]
+        stored = data.get("policy") or {}
+        unknown = {k: v for k, v in stored.items() if k not in KeyPolicy.model_fields}
+        if unknown:
+            _warn_unknown(name, tuple(sorted(unknown)))
+        try:
+            policy = KeyPolicy.model_validate({k: v for k, v in stored.items() if k not in unknown})
+        except ValidationError as exc:
+            fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
+            raise UnreadableKey(f"the stored key {name!r} has values this enginegate cannot read ({fields}): "
+                                "written by a newer gateway? Upgrade this one") from exc
+        return cls(name, data["secret_hash"], policy, float(data["created_at"]), data.get("revoked_at"),
+                   unknown=unknown)
 
     def public(self) -> dict[str, Any]:
         """What /admin/keys and `keys list` show: everything but the secret and its hash."""
         return {"name": self.name, "created_at": self.created_at, "revoked_at": self.revoked_at,
                 "static": self.static, "active": self.revoked_at is None and not self.expired(time.time()),
-                **self.policy.model_dump(mode="json")}
+                **self.policy.model_dump(mode="json"),
+                **({"not_enforced": sorted(self.unknown)} if self.unknown else {})}
+
+
+def _warn_unknown(name: str, fields: tuple[str, ...]) -> None:
+    if fields not in _warned_unknown:  # once per set of fields, not on every request of every such key
+        _warned_unknown.add(fields)
+        log.warning("the stored key %r has policy fields this enginegate does not know (%s): written by a newer "
+                    "gateway? This one ignores them, so it does not enforce them, until it is upgraded",
+                    name, ", ".join(fields))
 
 
 def expires_at(value: date | datetime) -> float:

@@ -10,22 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.api.errors import echoed
 from gateway.identity import set_caller
 from gateway.middleware import bearer_token, send_error
 from gateway.tenancy.access import required_access
-from gateway.tenancy.keys import KeyRecord, allows_model
+from gateway.tenancy.keys import KeyRecord, UnreadableKey, allows_model
 from gateway.tenancy.limits import Decision, anthropic_headers, rate_headers, refusal_message, retry_after_ms
 from gateway.tenancy.service import Refused, Tenancy
 from gateway.tenancy.store import StoreUnavailable
 from gateway.tenancy.ticket import Ticket
 from gateway.timing import request_timing
 
+log = logging.getLogger("enginegate.auth")
+_warned: set[str] = set()
 KEY_STATE = "enginegate.key"
 DECISION_STATE = "enginegate.ratelimit"
 TICKET_STATE = "enginegate.ticket"
@@ -94,7 +98,7 @@ class AuthMiddleware:
         token = _token(scope)
         if access in ("public", "metrics"):
             if token and access == "public":  # /ready shows more to an admin; a bad key there is no error
-                with contextlib.suppress(StoreUnavailable):
+                with contextlib.suppress(StoreUnavailable, UnreadableKey):
                     record = await self.tenancy.authenticate(token)
                     if record is not None:
                         self._identify(scope, record)
@@ -108,6 +112,14 @@ class AuthMiddleware:
                 await send_error(send, 503, "The key store is unreachable; try again shortly.", "store_unavailable",
                                  [(b"retry-after", str(self.retry_after).encode())])
                 return
+            except UnreadableKey as exc:  # fail closed, in the API's shape: never a plain-text 500
+                if str(exc) not in _warned:  # once, not on every request of the key
+                    _warned.add(str(exc))
+                    log.warning("%s", exc)
+                await send_error(send, 401, "This API key's record was written by a newer enginegate and cannot be "
+                                 "read by this gateway; ask its operator to upgrade it.", "invalid_api_key",
+                                 [(b"www-authenticate", b"Bearer")])
+                return
         if record is None:
             if not await self.tenancy.required():  # no keys anywhere: every route is open
                 await self.app(scope, receive, send)
@@ -116,7 +128,7 @@ class AuthMiddleware:
             await send_error(send, 401, message, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
             return
         if access == "admin" and not record.caller().is_admin:
-            await send_error(send, 403, f"{scope['path']} needs a key with role admin.", "permission_denied")
+            await send_error(send, 403, f"{echoed(scope['path'])} needs a key with role admin.", "permission_denied")
             return
         self._identify(scope, record)
         await self._serve(scope, receive, send)

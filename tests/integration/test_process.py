@@ -212,3 +212,28 @@ async def test_non_streaming_request_in_flight_during_a_crash_is_sent_once_more(
         assert await chat_text(engine, max_tokens=2) == "tok0 tok1"
     finally:
         await engine.stop()
+
+
+async def test_engine_logs_are_the_gateways_users_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engines log what clients send (prompts, tool JSON): the logs folder is 0700 and each log 0600, also
+    when an older gateway left them 0755 and 0644 (issue 32, item 7)."""
+    from adapters.paths import logs_dir
+
+    monkeypatch.setenv("ENGINEGATE_CACHE", str(tmp_path / "cache"))
+    old_umask = os.umask(0o022)  # the usual umask, whatever the test runner's
+    try:
+        fresh = emulated(tmp_path, "llamacpp", "--tokens", "1", log_dir=None)  # the default folder, new
+        await fresh.start()
+        await fresh.stop()
+        log = Path(fresh.describe()["log_path"])
+        assert log.parent == logs_dir() and log.read_text()
+        assert (logs_dir().stat().st_mode & 0o777, log.stat().st_mode & 0o777) == (0o700, 0o600)
+
+        logs_dir().chmod(0o755)  # as an older gateway left them
+        log.chmod(0o644)
+        again = emulated(tmp_path, "llamacpp", "--tokens", "1", log_dir=None)
+        await again.start()
+        await again.stop()
+        assert (logs_dir().stat().st_mode & 0o777, log.stat().st_mode & 0o777) == (0o700, 0o600)
+    finally:
+        os.umask(old_umask)

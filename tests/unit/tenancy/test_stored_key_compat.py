@@ -1,0 +1,92 @@
+"""Key records a newer gateway wrote (issue 32, item 7): an older gateway reading one with a policy field it
+does not know answered every request of that key with a plain-text 500 (KeyPolicy forbids extra fields).
+Now a real SQLite key store file holding such a record serves the key through the auth middleware, warns
+once, keeps the field when it rewrites the record, and a value it cannot read is a 401 in the API's shape.
+Config-file keys still forbid unknown fields: a typo there fails start-up."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from gateway.app import create_app
+from gateway.config import Settings
+from gateway.runtime import runtime_for_adapters
+from gateway.tenancy.keys import KeyPolicy, new_record
+from gateway.tenancy.sqlite_store import SQLiteKeyStore
+from tests.fakes import EchoAdapter
+
+CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+FUTURE = {"max_tier": "flex", "allowed_networks": ["10.0.0.0/8"]}  # fields of a gateway not written yet
+
+
+async def stored_key(path: Path, name: str, policy: KeyPolicy, **written_by_newer: Any) -> str:
+    """Make the key with the real store, then give its record the fields a newer gateway would write."""
+    store = SQLiteKeyStore(path)
+    record, secret = new_record(name, policy)
+    await store.create(record)
+    await store.close()
+    conn = sqlite3.connect(path)
+    with conn:
+        [(raw,)] = conn.execute("SELECT record FROM keys WHERE name = ?", (name,)).fetchall()
+        data = orjson.loads(raw)
+        data["policy"] = {**data["policy"], **written_by_newer}
+        conn.execute("UPDATE keys SET record = ? WHERE name = ?", (orjson.dumps(data), name))
+    conn.close()
+    return secret
+
+
+def stored_policy(path: Path, name: str) -> dict[str, Any]:
+    conn = sqlite3.connect(path)
+    try:
+        [(raw,)] = conn.execute("SELECT record FROM keys WHERE name = ?", (name,)).fetchall()
+    finally:
+        conn.close()
+    return orjson.loads(raw)["policy"]  # type: ignore[no-any-return]
+
+
+def app(path: Path) -> TestClient:
+    s = Settings(tenancy={"path": path}, api_keys=({"key": "admin-key", "role": "admin", "name": "ops"},))  # type: ignore[arg-type]
+    return TestClient(create_app(s, runtime_for_adapters(s, {"echo": EchoAdapter()})))
+
+
+async def test_a_newer_gateways_record_serves_its_key_and_warns_once(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "keys.sqlite3"
+    secret = await stored_key(path, "team-a", KeyPolicy(rpm=2), **FUTURE)
+    auth = {"Authorization": f"Bearer {secret}"}
+    with caplog.at_level(logging.WARNING), app(path) as c:
+        answers = [c.post("/v1/chat/completions", json=CHAT, headers=auth) for _ in range(3)]
+        listed = c.get("/admin/keys", headers={"Authorization": "Bearer admin-key"}).json()["data"]
+        revoked = c.post("/admin/keys/team-a/revoke", headers={"Authorization": "Bearer admin-key"})
+        after = c.post("/v1/chat/completions", json=CHAT, headers=auth)
+    assert [a.status_code for a in answers] == [200, 200, 429]  # served, and its known limit (rpm 2) still holds
+    assert answers[2].json()["error"]["code"] == "rate_limit_exceeded"
+    warned = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
+    assert len(warned) == 1 and "'team-a'" in warned[0] and "allowed_networks, max_tier" in warned[0]
+    assert [k.get("not_enforced") for k in listed if k["name"] == "team-a"] == [["allowed_networks", "max_tier"]]
+    assert revoked.status_code == 200 and after.status_code == 401
+    assert stored_policy(path, "team-a") == {"rpm": 2, **FUTURE}  # rewritten by this gateway, nothing lost
+
+
+async def test_a_value_this_gateway_cannot_read_is_a_401_in_the_apis_shape(tmp_path: Path) -> None:
+    path = tmp_path / "keys.sqlite3"
+    secret = await stored_key(path, "team-b", KeyPolicy(), service_tier="scale")  # a tier a newer gateway adds
+    with app(path) as c:
+        r = c.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {secret}"})
+        ready = c.get("/ready", headers={"Authorization": f"Bearer {secret}"})
+    assert r.status_code == 401 and r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["code"] == "invalid_api_key" and "newer enginegate" in r.json()["error"]["message"]
+    assert ready.status_code == 200  # a public route: the key is no error there
+
+
+def test_a_config_file_key_with_an_unknown_field_still_fails_start_up() -> None:
+    with pytest.raises(ValidationError, match="max_tier"):
+        Settings(api_keys=({"key": "k", "name": "team-a", "max_tier": "flex"},))  # type: ignore[arg-type]
