@@ -69,7 +69,8 @@ class KeyRecord:
     static: bool = False
     """From the config file: not revocable or rotatable through the store."""
     unknown: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    """Policy fields of a newer gateway, unknown here: not enforced by this gateway, kept when the record is rewritten."""
+    """Policy fields of a newer gateway, unknown here: the key is refused by this gateway (it could be a restriction
+    it cannot enforce), listed by /admin/keys, and kept when the record is rewritten."""
 
     def caller(self) -> Caller:
         return Caller(self.name, self.policy.role, self.policy.weight, self.policy.service_tier)
@@ -86,8 +87,9 @@ class KeyRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KeyRecord:
         """The stored form. Unlike a config-file key (extra="forbid": a typo fails start-up), a stored record may
-        hold fields a newer gateway wrote: they are ignored here (a warning, once) rather than fail every request
-        of the key; a known field's value this gateway cannot read raises UnreadableKey."""
+        hold fields a newer gateway wrote: they are kept in `unknown` (a warning, once) rather than fail reading
+        (the admin API still lists and revokes the key; authentication refuses it); a known field's value this
+        gateway cannot read raises UnreadableKey."""
         name = data["name"]
         stored = data.get("policy") or {}
         unknown = {k: v for k, v in stored.items() if k not in KeyPolicy.model_fields}
@@ -107,14 +109,14 @@ class KeyRecord:
         return {"name": self.name, "created_at": self.created_at, "revoked_at": self.revoked_at,
                 "static": self.static, "active": self.revoked_at is None and not self.expired(time.time()),
                 **self.policy.model_dump(mode="json"),
-                **({"not_enforced": sorted(self.unknown)} if self.unknown else {})}
+                **({"unknown_fields": sorted(self.unknown)} if self.unknown else {})}
 
 
 def _warn_unknown(name: str, fields: tuple[str, ...]) -> None:
     if fields not in _warned_unknown:  # once per set of fields, not on every request of every such key
         _warned_unknown.add(fields)
         log.warning("the stored key %r has policy fields this enginegate does not know (%s): written by a newer "
-                    "gateway? This one ignores them, so it does not enforce them, until it is upgraded",
+                    "gateway? This one refuses the key (it cannot enforce them) until it is upgraded",
                     name, ", ".join(fields))
 
 

@@ -1,7 +1,8 @@
 """Key records a newer gateway wrote (issue 32, item 7): an older gateway reading one with a policy field it
 does not know answered every request of that key with a plain-text 500 (KeyPolicy forbids extra fields).
-Now a real SQLite key store file holding such a record serves the key through the auth middleware, warns
-once, keeps the field when it rewrites the record, and a value it cannot read is a 401 in the API's shape.
+Now a real SQLite key store file holding such a record fails closed through the auth middleware (the unknown
+field may be a restriction this gateway cannot enforce): a 401 in the API's shape, one warning, the admin API
+still lists and revokes the key, and the field is kept when the record is rewritten.
 Config-file keys still forbid unknown fields: a typo there fails start-up."""
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def app(path: Path) -> TestClient:
     return TestClient(create_app(s, runtime_for_adapters(s, {"echo": EchoAdapter()})))
 
 
-async def test_a_newer_gateways_record_serves_its_key_and_warns_once(tmp_path: Path,
+async def test_a_newer_gateways_record_is_refused_in_the_apis_shape_and_kept(tmp_path: Path,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "keys.sqlite3"
     secret = await stored_key(path, "team-a", KeyPolicy(rpm=2), **FUTURE)
@@ -67,11 +68,12 @@ async def test_a_newer_gateways_record_serves_its_key_and_warns_once(tmp_path: P
         listed = c.get("/admin/keys", headers={"Authorization": "Bearer admin-key"}).json()["data"]
         revoked = c.post("/admin/keys/team-a/revoke", headers={"Authorization": "Bearer admin-key"})
         after = c.post("/v1/chat/completions", json=CHAT, headers=auth)
-    assert [a.status_code for a in answers] == [200, 200, 429]  # served, and its known limit (rpm 2) still holds
-    assert answers[2].json()["error"]["code"] == "rate_limit_exceeded"
+    assert [a.status_code for a in answers] == [401, 401, 401]  # never served without the restriction it may carry
+    assert {a.json()["error"]["code"] for a in answers} == {"invalid_api_key"}
+    assert "newer enginegate" in answers[0].json()["error"]["message"]
     warned = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
     assert len(warned) == 1 and "'team-a'" in warned[0] and "allowed_networks, max_tier" in warned[0]
-    assert [k.get("not_enforced") for k in listed if k["name"] == "team-a"] == [["allowed_networks", "max_tier"]]
+    assert [k.get("unknown_fields") for k in listed if k["name"] == "team-a"] == [["allowed_networks", "max_tier"]]
     assert revoked.status_code == 200 and after.status_code == 401
     assert stored_policy(path, "team-a") == {"rpm": 2, **FUTURE}  # rewritten by this gateway, nothing lost
 
