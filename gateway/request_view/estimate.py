@@ -1,16 +1,17 @@
 """A text's length in tokens, estimated from its characters by script, without a tokenizer.
 
 Ratios measured with the embedded model's own tokenizer (SmolLM2-135M, a 49k byte-level BPE, through
-llama_cpp on samples of each script; tests/unit/request_view/test_estimate.py measures them again):
+llama_cpp on samples of each script; tests/unit/request_view/test_estimate_tokenizer.py measures them again):
 
     English prose           4.7 characters a token   -> letters, spaces and other ASCII: 4 a token
+    French, German          2.8 (an English-centric vocabulary; estimated 27% low)
     Python code, JSON       3.4-3.7 (more punctuation) -> ASCII punctuation: half a token each
     digits                  1 each (SmolLM2, Qwen split numbers into single digits) -> 1 each
     Cyrillic, Greek, Arabic 0.8-0.9 tokens a character (2 bytes in UTF-8)  -> 1 each
-    Hindi 1.1, kana 1.6-1.8, Chinese and Thai 1.9, hangul 2.0 (3 bytes)    -> 2 each
+    Hindi 1.1, kana 1.6-1.8, Chinese and Thai 1.9, Korean 2.0-2.6 (3 bytes) -> 2 each
     emoji 2.8 (4 bytes)                                                     -> 3 each
 
-Natural text of every script lands within -5%..+60% of the engine's count (Hindi is the +60%); text
+Natural text of every script lands within -27%..+60% of the engine's count (French -27%, Korean -25%, Hindi +44..60%); text
 built to defeat it can reach one token per UTF-8 byte (random letters, punctuation, rare CJK
 characters: 1.0 tokens a byte is the ceiling of a byte-level BPE), so the estimate's error is the
 bound documented in gateway/tenancy/limits.py. Counted in C (one encode, one bytes.translate, a few counts)."""
