@@ -88,16 +88,18 @@ def content_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return "" if content is None else orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+    return "" if content is None else _json(content)
 
 
 def _json(value: Any) -> str:
+    """A value as sorted JSON, "" for nothing; one orjson cannot write (nested past its 254 levels) as its repr,
+    never an error: the view is built for every request, before any validation an engine does."""
     if value is None or value == [] or value == {}:
         return ""
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-    except TypeError:
-        return str(value)
+    except TypeError:  # orjson.JSONEncodeError is one
+        return repr(value)
 
 
 def _parts(content: Any) -> tuple[int, int, int]:
@@ -108,8 +110,9 @@ def _parts(content: Any) -> tuple[int, int, int]:
     for part in content:
         if isinstance(part, dict):
             kind = part.get("type")
-            images += kind in IMAGE_PARTS
-            audio += kind in AUDIO_PARTS
+            if isinstance(kind, str):
+                images += kind in IMAGE_PARTS
+                audio += kind in AUDIO_PARTS
         elif isinstance(part, int) and not isinstance(part, bool):
             ids += 1
     return images, audio, ids

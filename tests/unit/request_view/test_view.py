@@ -139,3 +139,25 @@ def test_the_view_is_immutable() -> None:
     with pytest.raises(AttributeError):
         view.prompt_tokens = 0  # type: ignore[misc]
     assert isinstance(view, RequestView) and hash(view.turns)
+
+
+def nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": [{"role": "user", "content": nested(300)}]},  # past orjson's 254 levels of dumps (loads takes 1024)
+    {"messages": [{"role": "assistant", "tool_calls": nested(300)}], "tools": nested(300)},
+    {"messages": [{"role": 7, "content": [None, 3, "s", {"type": ["image_url"]}, {"text": 5}]}]},
+    {"messages": "not a list", "prompt": {"a": 1}, "n": -3, "max_tokens": "16", "user": 5},
+    {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}, {"type": "function_call_output", "output": nested(300)}]},
+    {"prompt": [[1, "a", True], "b", None]},
+    {"input": [1.5, {}]},
+])
+def test_a_strange_body_is_viewed_never_an_error(body: dict[str, Any]) -> None:
+    view = view_of(body)
+    assert view.prompt_tokens >= 0 and view.choices >= 1 and view.max_output is None
+    assert isinstance(prompt_text(view) or "", str) and isinstance(prefix_text(view, 100) or "", str)  # the readers too
