@@ -18,8 +18,10 @@ The bound: a budget (or a tpm window) is overspent by at most the sum, over the 
 when it ran out, of each one's (engine prompt tokens - estimate) where positive. For natural text
 that is 0 to a few tokens a request (the estimate runs high: see gateway/request_view/estimate.py
 for the ratios measured); text made to defeat the estimate (random characters) can reach one
-token per UTF-8 byte of its prompt. A request with no limits of its own spends nothing beyond
-its reservation."""
+token per UTF-8 byte of its prompt. One more way past it, not closed here: a request that outlives
+its tpm window refunds its unused reservation into the next window, lowering that window's count by
+at most the refund (budgets are not affected: the settle names the reservation's period).
+A `max_tokens` the engine does not honour (an engine that ignores it) is outside the bound."""
 
 from __future__ import annotations
 

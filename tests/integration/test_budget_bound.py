@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -130,3 +131,18 @@ def test_a_request_whose_choices_cannot_fit_is_refused(sqlite_pair: tuple[Runnin
     assert "up to" in refused.value.message  # says the request is too large, not that the budget is spent
     answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
     assert answer.usage is not None and spent(one, name, 1) == answer.usage.total_tokens <= 50
+
+
+def test_every_api_reserves_its_own_output_limit(sqlite_pair: tuple[RunningGateway, RunningGateway]) -> None:
+    """Responses' max_output_tokens and Anthropic's max_tokens reserve like chat's: 400 tokens do not fit 50."""
+    one, _ = sqlite_pair
+    _, secret = create_key(one, budget_tokens=50, budget_period="day")
+    client = openai.OpenAI(base_url=one.base_url, api_key=secret, max_retries=0)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.responses.create(model=MODEL, input="Write a short poem about the sea.", max_output_tokens=400)
+    assert refused.value.code == "insufficient_quota"
+    claude = anthropic.Anthropic(base_url=one.url, api_key=secret, max_retries=0)
+    with pytest.raises(anthropic.RateLimitError):
+        claude.messages.create(model=MODEL, max_tokens=400, messages=[{"role": "user", "content": "hello"}])
+    answer = claude.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "hello"}])
+    assert answer.usage.output_tokens <= 4  # a limit that fits is served
