@@ -13,12 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import Capabilities
 from gateway.api.errors import APIError
+from gateway.request_view import AUDIO_PARTS, IMAGE_PARTS
 
 if TYPE_CHECKING:
     from gateway.routing import Backend
 
-IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
-AUDIO_PARTS = frozenset({"input_audio", "audio"})
 
 
 def refused_kind(part_type: str, caps: Capabilities) -> str | None:

@@ -35,10 +35,12 @@ from gateway.api.scheduling import observe_wait, refused, request_demand, with_e
 from gateway.routing import Backend, DeadlineExceeded, Lease, ModelUnavailable, QueueFull, Refusal, Replica, RouteKey
 from gateway.routing.health import is_retryable
 from gateway.cache_routing.blocks import chain, prompt_text
+from gateway.request_view import RequestView, view_of
 from gateway.routing.route_key import route_key
 from gateway.scheduling import Demand
 from gateway.runtime import Runtime
 from gateway.tenancy import middleware as tenancy
+from gateway.tenancy.limits import reservation
 from gateway.tenancy.service import Refused
 from gateway.tenancy.store import StoreUnavailable
 from gateway.tenancy.ticket import Ticket
@@ -175,12 +177,15 @@ def require(backend: Backend, body: dict[str, Any]) -> None:
         raise APIError(400, f"logprobs are not supported by the {backend.engine} engine", param="logprobs")
 
 
-async def reserve_limits(request: Request, backend: Backend, body: dict[str, Any]) -> Ticket:
-    """The key's limits, before admission: 429 with Retry-After over a limit, 503 when the key store is down."""
+async def reserve_limits(request: Request, backend: Backend, view: RequestView, facts: dict[str, Any]) -> Ticket:
+    """The key's limits, before admission, reserving the prompt's estimate and max_tokens x n (the model's context
+    when unset): 429 with Retry-After over a limit, 503 when the key store is down."""
+    context = facts.get("context_length")
+    charge = reservation(view, context if isinstance(context, int) else None)
     try:
-        return await tenancy.reserve(request.scope, request.app.state.tenancy, backend.model_id, body)
+        return await tenancy.reserve(request.scope, request.app.state.tenancy, backend.model_id, charge)
     except Refused as exc:
-        message, headers = tenancy.refusal(exc.decision, runtime(request).settings.retry_after_seconds)
+        message, headers = tenancy.refusal(exc.decision, runtime(request).settings.retry_after_seconds, charge.tokens)
         if exc.decision.refused == "budget":
             raise APIError(429, message, code="insufficient_quota", headers=headers) from exc
         raise APIError(429, message, code="rate_limit_exceeded", headers=headers) from exc
@@ -217,20 +222,20 @@ async def admit(request: Request, backend: Backend, route: RouteKey | None = Non
     return lease
 
 
-def request_route(request: Request, backend: Backend, body: dict[str, Any]) -> RouteKey | None:
+def request_route(request: Request, backend: Backend, view: RequestView, body: dict[str, Any]) -> RouteKey | None:
     """The request's session and prefix keys, when its model routes by affinity over several replicas;
     its prompt's blocks when it routes by cache."""
     routing = backend.routing
     if routing.affinity == "cache":
         if not backend.routes_by_cache:
             return None
-        text = prompt_text(body)
+        text = prompt_text(view)
         if text is None:
             return None
         return RouteKey(blocks=chain(text, routing.block_chars), text=text, body=body, path=request.url.path)
     if routing.affinity == "none" or len(backend.replicas) < 2:
         return None
-    return route_key(body, request.headers, routing.session_header, routing.prefix_chars)
+    return route_key(view, request.headers, routing.session_header, routing.prefix_chars)
 
 
 def with_slot(body: dict[str, Any], lease: Lease) -> dict[str, Any]:
@@ -252,15 +257,17 @@ async def generate(
     call: Callable[[Adapter], Call] | None = None,
 ) -> Response:
     """`call(adapter)` replaces the adapter's operation (fan-out for n > 1); admission and metrics stay the same."""
-    check_output_limits(body, backend.adapter.describe())
+    facts = backend.adapter.describe()
+    check_output_limits(body, facts)
+    view = view_of(body, generates=operation != "embeddings")  # the one view of this prompt everything below reads
     arrived = time.perf_counter()
     ctx = RequestContext(request_id=request_id(request.scope), model=backend.model_id, include_usage=include_usage)
     m = metrics(request)
     drain = request.app.state.drain
     run = call or (lambda adapter: lambda b, c: OPERATIONS[operation](adapter, b, c))
     demand = request_demand(request, body)  # a header it cannot read is the client's 400, before any limit is spent
-    ticket = await reserve_limits(request, backend, body)
-    work = _admitted_call(request, backend, run, body, ctx, request_route(request, backend, body), demand)
+    ticket = await reserve_limits(request, backend, view, facts)
+    work = _admitted_call(request, backend, run, body, ctx, request_route(request, backend, view, body), demand)
     try:
         with drain.guard():
             try:

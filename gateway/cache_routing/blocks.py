@@ -4,18 +4,19 @@ character blocks, block i's hash covering blocks 0..i.
 Two requests share a leading run of hashes exactly as long as their texts share whole leading
 blocks, so a replica's index of hashes answers "how much of this prompt is cached there" with one
 lookup per block and no tokenizer (characters stand in for tokens; the tracker learns each
-replica's characters per token from the usage its engine reports). The text is the messages in
-order, each its role and its content's text (an image's bytes are not read), then the tools: what
-a chat template renders, in the same order, so a shared message prefix is a shared token prefix.
+replica's characters per token from the usage its engine reports). The text is the request view's
+turns in order (gateway/request_view), each its role, its content's text (an image's bytes are not
+read) and its tool calls' JSON: what a chat template renders, in the same order, so a shared message
+prefix is a shared token prefix.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from typing import Any
 
 import orjson
+
+from gateway.request_view import RequestView
 
 BLOCK_CHARS = 64
 """About 16 tokens of English: a turn's new message is a few blocks, a document hundreds."""
@@ -25,31 +26,18 @@ hashing runs on the event loop, and one client's oversized prompt must neither s
 the replicas' indexes of what their conversations hold."""
 
 
-def content_text(content: Any) -> str:
-    """A message's content as text: a string, the text parts of a list (an image's bytes are not read), else JSON."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return "" if content is None else orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def prompt_text(body: Mapping[str, Any]) -> str | None:
-    """The whole prompt's text in the order the engine sees it; None when the body has none."""
-    messages = body.get("messages")
-    if isinstance(messages, list) and messages:
-        parts = [f"{m.get('role')}\x1f{content_text(m.get('content'))}{content_text(m.get('tool_calls'))}\x1e"
-                 for m in messages if isinstance(m, dict)]
-        return "".join(parts) or None
-    prompt = body.get("prompt")
-    if isinstance(prompt, list):
-        prompt = prompt[0] if prompt and len(prompt) == 1 else (prompt or None)
-    if isinstance(prompt, str):
-        return prompt or None
-    if isinstance(prompt, list):  # token ids: one "character" each
-        return orjson.dumps(prompt).decode()
-    text = body.get("input")  # the Responses API before translation
-    return content_text(text) or None
+def prompt_text(view: RequestView) -> str | None:
+    """The whole prompt's text in the order the engine sees it; None when the request has none."""
+    if view.turns:
+        return "".join(f"{t.role}\x1f{t.text}{t.calls}\x1e" for t in view.turns) or None
+    if len(view.prompts) == 1:
+        prompt = view.prompts[0]
+        if isinstance(prompt, str):
+            return prompt or None
+        return orjson.dumps(list(prompt)).decode()  # token ids: one "character" each
+    if view.prompts:
+        return orjson.dumps([p if isinstance(p, str) else list(p) for p in view.prompts]).decode()
+    return None
 
 
 def chain(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:

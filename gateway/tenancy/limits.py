@@ -4,24 +4,39 @@ The store applies `check` atomically with the charge (a Lua script in Redis, one
 SQLite), so concurrent requests in several gateway processes never both take the last unit.
 
 Windows: rpm and tpm count over `window_seconds`, a window that starts with its first request
-(so a burst gets exactly `rpm`, whatever the clock says). Tokens: the prompt is estimated and
-charged at admission, then corrected to the engine's count and the completion added when the
-request ends; so a budget is overspent by at most the completions of the requests in flight when
-it ran out (each at most its max_tokens)."""
+(so a burst gets exactly `rpm`, whatever the clock says).
+
+Tokens: admission reserves the most the request can spend (`reservation`): the prompt's estimate
+(gateway/request_view: text by script, media a fixed count, tools by their JSON, the chat
+template's overhead) plus its output limit times its choices (`max_tokens` x `n`; unset, the
+model's context length per choice, else DEFAULT_OUTPUT_TOKENS). The settle replaces it with what
+the engine counted (prompt and completion), refunding the difference; the stores clamp a window
+or a budget at 0. An engine never generates past the limit, so the only tokens spent beyond a
+reservation are the prompt's, where the engine counts more than the estimate.
+
+The bound: a budget (or a tpm window) is overspent by at most the sum, over the requests in flight
+when it ran out, of each one's (engine prompt tokens - estimate) where positive. For natural text
+that is 0 to a few tokens a request (the estimate runs high: see gateway/request_view/estimate.py
+for the ratios measured); text made to defeat the estimate (random characters) can reach one
+token per UTF-8 byte of its prompt. One more way past it, not closed here: a request that outlives
+its tpm window refunds its unused reservation into the next window, lowering that window's count by
+at most the refund (budgets are not affected: the settle names the reservation's period).
+A `max_tokens` the engine does not honour (an engine that ignores it) is outside the bound."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Literal
 
+from gateway.request_view import RequestView
 from gateway.tenancy.keys import BudgetPeriod, KeyPolicy
 
 Refusal = Literal["requests", "tokens", "concurrency", "budget"]
-CHARS_PER_TOKEN = 4
-PROMPT_FIELDS = ("messages", "prompt", "input", "system", "tools")
+DEFAULT_OUTPUT_TOKENS = 4096
+"""A choice's reservation when the request sets no output limit and the engine reports no context length."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,24 +104,25 @@ def budget_period(period: BudgetPeriod, now: float) -> tuple[str, int]:
     return t.strftime("%Y-%m"), max(1, math.ceil((nxt.timestamp() - now) * 1000))
 
 
-def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
-    """About a token per four characters of the request's text (token ids count one each): the
-    admission charge, corrected to the engine's count when the request ends."""
-    chars = ids = 0
-    stack: list[Any] = [body.get(f) for f in PROMPT_FIELDS]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            chars += len(item)
-        elif isinstance(item, bool) or item is None:
-            continue
-        elif isinstance(item, int):
-            ids += 1
-        elif isinstance(item, Mapping):
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return max(1, math.ceil(chars / CHARS_PER_TOKEN) + ids)
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What admission charges a request: its prompt's estimate and the most its completions can be."""
+
+    prompt: int
+    output: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt + self.output
+
+
+def reservation(view: RequestView, context_length: int | None) -> Reservation:
+    """The prompt's estimate plus the output limit times the choices; an unset limit is the model's
+    context per choice (the engine stops there), else DEFAULT_OUTPUT_TOKENS."""
+    per_choice = view.max_output
+    if per_choice is None:
+        per_choice = context_length if context_length and context_length > 0 else DEFAULT_OUTPUT_TOKENS
+    return Reservation(max(1, view.prompt_tokens), per_choice * view.choices)
 
 
 def retry_after_ms(decision: Decision, default_ms: int) -> int:
@@ -115,8 +131,8 @@ def retry_after_ms(decision: Decision, default_ms: int) -> int:
         decision.refused or "", default_ms) or default_ms
 
 
-def refusal_message(decision: Decision) -> str:
-    """The 429's message for a refused decision."""
+def refusal_message(decision: Decision, cost: int | None = None) -> str:
+    """The 429's message for a refused decision (`cost`: the request's reservation, when known)."""
     limits, c = decision.limits, decision.counters
     window = _duration(limits.window_ms)
     if decision.refused == "requests":
@@ -125,6 +141,11 @@ def refusal_message(decision: Decision) -> str:
         return f"Rate limit reached for tokens: limit {limits.tpm} per {window}, used {c.tokens}."
     if decision.refused == "concurrency":
         return f"Too many concurrent requests: limit {limits.concurrency}."
+    left = max(0, (limits.budget or 0) - c.budget_used)
+    if cost is not None and cost > left > 0:
+        return (f"This request may use up to {cost} tokens (its prompt's estimate plus max_tokens times n), more than "
+                f"the {left} left of its key's budget of {limits.budget} in {limits.budget_period}; ask for fewer "
+                "output tokens or choices.")
     return (f"Token budget exhausted: {c.budget_used} of {limits.budget} used in {limits.budget_period}; "
             "it renews when the period ends.")
 

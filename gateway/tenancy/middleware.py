@@ -22,7 +22,7 @@ from gateway.identity import set_caller
 from gateway.middleware import bearer_token, send_error
 from gateway.tenancy.access import required_access
 from gateway.tenancy.keys import KeyRecord, UnreadableKey, allows_model
-from gateway.tenancy.limits import Decision, anthropic_headers, rate_headers, refusal_message, retry_after_ms
+from gateway.tenancy.limits import Decision, Reservation, anthropic_headers, rate_headers, refusal_message, retry_after_ms
 from gateway.tenancy.service import Refused, Tenancy
 from gateway.tenancy.store import StoreUnavailable
 from gateway.tenancy.ticket import Ticket
@@ -52,14 +52,14 @@ def may_use(scope: Scope, model_id: str, aliases: tuple[str, ...] = ()) -> bool:
     return record is None or allows_model(record.policy, model_id, aliases)
 
 
-async def reserve(scope: Scope, tenancy: Tenancy | None, model_id: str, body: dict[str, Any]) -> Ticket:
-    """Admit the request against its key's limits; raises Refused or StoreUnavailable.
+async def reserve(scope: Scope, tenancy: Tenancy | None, model_id: str, charge: Reservation) -> Ticket:
+    """Admit the request against its key's limits, reserving `charge`; raises Refused or StoreUnavailable.
     Without a key the ticket is inert."""
     record = key_of(scope)
     if record is None or tenancy is None:
         return Ticket("", model_id, settled=True)
     try:
-        ticket = await tenancy.reserve(record, model_id, body)
+        ticket = await tenancy.reserve(record, model_id, charge)
     except Refused as exc:
         _state(scope)[DECISION_STATE] = exc.decision
         raise
@@ -70,9 +70,10 @@ async def reserve(scope: Scope, tenancy: Tenancy | None, model_id: str, body: di
     return ticket
 
 
-def refusal(decision: Decision, default_retry_s: int) -> tuple[str, dict[str, str]]:
-    """(message, headers) of the 429 for a refused decision; a spent budget says not to retry."""
-    message = refusal_message(decision)
+def refusal(decision: Decision, default_retry_s: int, cost: int | None = None) -> tuple[str, dict[str, str]]:
+    """(message, headers) of the 429 for a refused decision (`cost`: the request's reservation); a spent
+    budget, or one the request does not fit, says not to retry."""
+    message = refusal_message(decision, cost)
     wait_ms = retry_after_ms(decision, default_retry_s * 1000)
     headers = {"Retry-After": str(max(1, math.ceil(wait_ms / 1000))), "retry-after-ms": str(wait_ms)}
     if decision.refused == "budget":

@@ -18,12 +18,12 @@ import uuid
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 
 from gateway.tenancy.keys import KeyRecord, hash_secret
-from gateway.tenancy.limits import Decision, Limits, estimate_prompt_tokens
+from gateway.tenancy.limits import Decision, Limits, Reservation
 from gateway.tenancy.metrics import TenancyMetrics
 from gateway.tenancy.store import KeyStore, Settlement, StoreUnavailable, UsageDelta
 from gateway.tenancy.ticket import Ticket
@@ -93,13 +93,13 @@ class Tenancy:
         return record
 
     # -- limits --------------------------------------------------------------------------------
-    async def reserve(self, record: KeyRecord, model: str, body: dict[str, Any]) -> Ticket:
+    async def reserve(self, record: KeyRecord, model: str, charge: Reservation) -> Ticket:
         """Admit one request of this key (raises Refused for a 429, StoreUnavailable when failing closed)."""
         policy = record.policy
         if not policy.limited:
             return Ticket(record.name, model)
         limits = Limits.of(policy, time.time())
-        cost = estimate_prompt_tokens(body) if limits.tpm or limits.budget else 0
+        cost = charge.tokens if limits.tpm or limits.budget else 0  # prompt + max_tokens x n; the settle refunds
         request_id = uuid.uuid4().hex  # the gateway's own: a client-sent id could replay another request's charge
         try:
             decision = await self.store.reserve(record.name, limits, cost, request_id)
@@ -113,13 +113,13 @@ class Tenancy:
                 self.metrics.rejected(record.name, model, decision.refused or "")
             await self._write([Settlement(request_id, record.name, None, 0, False, _usage(record.name, model, rejected=1))])
             raise Refused(decision)
-        return Ticket(record.name, model, limits, decision, charged=cost, request_id=request_id)
+        return Ticket(record.name, model, limits, decision, charged=cost, estimate=charge.prompt, request_id=request_id)
 
     async def settle(self, ticket: Ticket, failed: bool, engine_s: float) -> None:
         if ticket.settled:
             return
         ticket.settled = True
-        prompt = ticket.charged if ticket.prompt_tokens is None else ticket.prompt_tokens
+        prompt = ticket.prompt_used
         completion = ticket.completion_tokens or ticket.streamed_events
         usage = _usage(ticket.name, ticket.model, requests=1, prompt_tokens=prompt, completion_tokens=completion,
                        errors=int(failed or ticket.failed), engine_ms=round(engine_s * 1000))

@@ -18,7 +18,9 @@ class Ticket:
     decision: Decision | None = None
     """The admission decision (None: the key has no limits, or the store was down and fails open)."""
     charged: int = 0
-    """Prompt tokens charged at admission (the estimate)."""
+    """Tokens reserved at admission: the prompt's estimate plus the most its completions can be."""
+    estimate: int = 0
+    """The prompt's estimate, the part of `charged` that stands for the prompt until the engine counts it."""
     prompt_tokens: int | None = None
     completion_tokens: int = 0
     streamed_events: int = 0
@@ -37,9 +39,13 @@ class Ticket:
     def holds_slot(self) -> bool:
         return self.decision is not None and self.limits is not None and self.limits.concurrency is not None
 
+    @property
+    def prompt_used(self) -> int:
+        """The engine's count, else the estimate."""
+        return self.estimate if self.prompt_tokens is None else self.prompt_tokens
+
     def token_delta(self) -> int:
-        """Tokens to add at the end: the prompt's correction and the completion; a stream the
-        client left without a usage event counts one token per content event it received."""
-        prompt = self.charged if self.prompt_tokens is None else self.prompt_tokens
-        completion = self.completion_tokens or self.streamed_events
-        return prompt - self.charged + completion
+        """Tokens to add at the end, what was used minus what was reserved: negative (a refund) when
+        the request used less; a stream the client left without a usage event counts one token per
+        content event it received."""
+        return self.prompt_used + (self.completion_tokens or self.streamed_events) - self.charged

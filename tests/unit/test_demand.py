@@ -50,12 +50,12 @@ def test_unreadable_headers_name_themselves(headers: dict[str, str], named: str)
 
 
 @pytest.mark.parametrize(("body", "tokens"), [
-    ({"messages": [{"role": "user", "content": "x" * 400}]}, 104),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 40}]}]}, 14),
-    ({"prompt": [1, 2, 3]}, 3),
-    ({"prompt": [[1, 2], [3]]}, 3),
-    ({"prompt": "abcdefgh"}, 2),
-    ({"input": "abcd", "instructions": "abcd"}, 2),
+    ({"messages": [{"role": "user", "content": "x" * 400}]}, 133),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 40}]}]}, 43),
+    ({"prompt": [1, 2, 3]}, 4),
+    ({"prompt": [[1, 2], [3]]}, 5),
+    ({"prompt": "abcdefgh"}, 3),
+    ({"input": "abcd", "instructions": "abcd"}, 9),
     ({}, 0),
 ])
 def test_prompt_tokens_estimate(body: dict[str, Any], tokens: int) -> None:

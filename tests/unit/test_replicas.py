@@ -10,6 +10,7 @@ import pytest
 from gateway.config import ModelConfig, Settings
 from gateway.routing import Admission, QueueFull, RouteKey, capacity
 from gateway.routing.replicas import Instance, admission_for, instances
+from gateway.request_view import view_of
 from gateway.routing.route_key import prefix_text, route_key
 from gateway.runtime import Runtime
 
@@ -122,21 +123,21 @@ def test_prefix_text_is_what_a_conversation_keeps() -> None:
     turn2 = {"messages": [system, {"role": "user", "content": "hello"}, {"role": "assistant", "content": "arr"},
                           {"role": "user", "content": "more"}]}
     other = {"messages": [system, {"role": "user", "content": "goodbye"}]}
-    assert prefix_text(turn1, 4096) == prefix_text(turn2, 4096) != prefix_text(other, 4096)
-    assert prefix_text(turn1, 32) == prefix_text(other, 32)  # within a shared system prompt: one (hot) key
+    assert prefix_text(view_of(turn1), 4096) == prefix_text(view_of(turn2), 4096) != prefix_text(view_of(other), 4096)
+    assert prefix_text(view_of(turn1), 32) == prefix_text(view_of(other), 32)  # within a shared system prompt: one (hot) key
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]}
-    assert prefix_text(parts, 100) == prefix_text({"messages": [{"role": "user", "content": "hello"}]}, 100)
-    assert prefix_text({"prompt": "Once upon a time"}, 4) == "Once"
-    assert prefix_text({"prompt": "x" * 5000}, 65536) == "x" * 1024  # a growing prompt keeps its start
-    assert prefix_text({"prompt": [[1, 2, 3]]}, 2) == "[1,2]"
-    assert prefix_text({}, 10) is None
+    assert prefix_text(view_of(parts), 100) == prefix_text(view_of({"messages": [{"role": "user", "content": "hello"}]}), 100)
+    assert prefix_text(view_of({"prompt": "Once upon a time"}), 4) == "Once"
+    assert prefix_text(view_of({"prompt": "x" * 5000}), 65536) == "x" * 1024  # a growing prompt keeps its start
+    assert prefix_text(view_of({"prompt": [[1, 2, 3]]}), 2) == "[1,2]"
+    assert prefix_text(view_of({}), 10) is None
 
 
 def test_route_key_session_from_header_else_user() -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "user": "u-1"}
-    assert route_key(body, {"x-session-id": "s-9"}, "X-Session-Id", 100).session == "s-9"
-    assert route_key(body, {}, "x-session-id", 100).session == "u-1"
-    key = route_key({"messages": []}, {}, "x-session-id", 100)
+    assert route_key(view_of(body), {"x-session-id": "s-9"}, "X-Session-Id", 100).session == "s-9"
+    assert route_key(view_of(body), {}, "x-session-id", 100).session == "u-1"
+    key = route_key(view_of({"messages": []}), {}, "x-session-id", 100)
     assert key == RouteKey(None, None)
 
 

@@ -9,6 +9,7 @@ from gateway.cache_routing.cost import EVICTION_WEIGHT, Place, cheapest, estimat
 from gateway.cache_routing.index import PrefixIndex
 from gateway.cache_routing.slots import SlotMap
 from gateway.cache_routing.tracker import ReplicaCache
+from gateway.request_view import view_of
 from gateway.routing.balancer import Balancer, Candidate
 
 SYSTEM = {"role": "system", "content": "You are terse. " * 40}
@@ -22,21 +23,21 @@ def conversation(doc: str, *turns: str) -> dict[str, object]:
 
 
 def blocks_of(body: dict[str, object]) -> tuple[int, ...]:
-    text = prompt_text(body)
+    text = prompt_text(view_of(body))
     assert text is not None
     return chain(text, 64)
 
 
 def test_chained_blocks_share_exactly_the_common_prefix() -> None:
     a, b = blocks_of(conversation("doc A " * 50)), blocks_of(conversation("doc B " * 50))
-    system_blocks = len(prompt_text({"messages": [SYSTEM]}) or "") // 64
+    system_blocks = len(prompt_text(view_of({"messages": [SYSTEM]})) or "") // 64
     assert shared(a, b) == system_blocks  # the shared system prompt, not the whole of either
     later = blocks_of(conversation("doc A " * 50, "and then?"))
     assert shared(a, later) == len(a)  # a later turn extends its conversation's chain
     assert chain("x" * 63) == ()  # only whole blocks
     assert len(chain("x" * (2 * MAX_CHARS), 64)) == MAX_CHARS // 64  # an oversized prompt: its first MiB
-    assert prompt_text({"prompt": "hi"}) == "hi" and prompt_text({"prompt": [[1, 2]]}) == "[1,2]"
-    assert prompt_text({}) is None
+    assert prompt_text(view_of({"prompt": "hi"})) == "hi" and prompt_text(view_of({"prompt": [[1, 2]]})) == "[1,2]"
+    assert prompt_text(view_of({})) is None
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 
 from gateway.tenancy.keys import KeyPolicy, hash_secret, new_record, rotated
+from gateway.tenancy.limits import Reservation
 from gateway.tenancy.redis_store import RedisKeyStore
 from gateway.tenancy.service import Tenancy
 from gateway.tenancy.sqlite_store import SQLiteKeyStore
@@ -79,7 +80,7 @@ async def test_usage_is_kept_while_the_store_is_down_and_spooled_at_shutdown(red
     await seed.close()
     spool = tmp_path / "spool.jsonl"
     tenancy = Tenancy(RedisKeyStore(redis.url, prefix, timeout_s=0.5), spool=spool)
-    ticket = await tenancy.reserve(record, "m", {"prompt": "abcd"})
+    ticket = await tenancy.reserve(record, "m", Reservation(1, 0))
     redis.kill()
     try:
         ticket.record(3, 7)
@@ -88,7 +89,7 @@ async def test_usage_is_kept_while_the_store_is_down_and_spooled_at_shutdown(red
         with pytest.raises(StoreUnavailable):
             await tenancy.authenticate(secret.encode())
         with pytest.raises(StoreUnavailable):
-            await tenancy.reserve(record, "m", {})
+            await tenancy.reserve(record, "m", Reservation(1, 0))
         await tenancy.close()  # still down: spooled
         assert spool.exists() and stat.S_IMODE(spool.stat().st_mode) == 0o600
     finally:
@@ -112,7 +113,7 @@ async def test_fail_open_admits_known_keys_without_limits(redis: RedisServer) ->
         assert await tenancy.authenticate(secret.encode()) == record  # last known
         with pytest.raises(StoreUnavailable):
             await tenancy.authenticate(b"never-seen")
-        ticket = await tenancy.reserve(record, "m", {})
+        ticket = await tenancy.reserve(record, "m", Reservation(1, 0))
         assert ticket.decision is None  # admitted, unlimited
     finally:
         redis.start()
