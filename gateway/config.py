@@ -87,10 +87,12 @@ class SchedulerConfig(BaseModel):
     as many slots: a request arriving behind another client's burst starts at once (one client alone
     keeps every slot)."""
     flow_window_seconds: float = Field(default=60.0, gt=0)
-    """How long a flow counts as active on a replica after its last request (for newcomer_slots)."""
+    """How long a flow counts as active on a replica after its last request arrived or ended (for
+    newcomer_slots); when it lapses, a slot kept for it goes to a waiter at once."""
     prefill_budget_tokens: int | None = Field(default=None, ge=1)
     """Prompt tokens a replica may be prefilling at once (admitted, first token not yet sent); a request
-    that would exceed it waits while shorter ones start (one alone always starts); None: no budget."""
+    that would exceed it waits while shorter ones start, until they add up to the budget: then it has
+    the next start (one alone always starts); None: no budget."""
 
 
 class FlowConfig(BaseModel):

@@ -26,7 +26,8 @@ class Caller:
     weight: float = 1.0
     """The tenant's share in fair scheduling, relative to other tenants' weights."""
     service_tier: ServiceTier | None = None
-    """The priority class of this tenant's requests when the request names none."""
+    """The highest priority class this tenant's requests may use and their class when a request names none
+    (None: `default`); gateway/scheduling/classify.py applies it."""
 
     @property
     def is_admin(self) -> bool:

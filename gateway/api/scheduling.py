@@ -1,5 +1,5 @@
 """The scheduler's side of the request flow: a request's demand, what its refusals answer, what
-the engine is told of its class, and the per-tier metrics."""
+the engine is told of its class (never more than its key allows), and the per-tier metrics."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from starlette.requests import Request
 
 from adapters.server import ServerAdapter
 from gateway.api.errors import APIError
-from gateway.identity import caller_of
+from gateway.identity import Caller, ServiceTier, caller_of
 from gateway.metrics import GatewayMetrics
 from gateway.routing import Backend, DeadlineExceeded, Lease, Refusal
 from gateway.scheduling import RANK, TIERS, Demand
-from gateway.scheduling.classify import DemandError, demand_for
+from gateway.scheduling.classify import DemandError, ceiling_of, demand_for
 
 
 def request_demand(request: Request, body: dict[str, Any]) -> Demand:
@@ -42,17 +42,43 @@ def observe_wait(m: GatewayMetrics, backend: Backend, demand: Demand | None, wai
     m.tier_queue_wait.labels(backend.model_id, demand.tier if demand is not None else "default").observe(waited)
 
 
+def within_ceiling(body: dict[str, Any], demand: Demand, caller: Caller | None) -> dict[str, Any]:
+    """What the engine is told of the request's class never exceeds what its key allows. With keys, a body
+    `service_tier` above the key's ceiling (or one the gateway does not know, such as `auto`) becomes the
+    tier the request is served at, so an upstream that honours the field (OpenAI) serves and reports that
+    one; and a `priority` of the client's own is dropped unless the key may use `priority` (what the number
+    means is each engine's business; `with_engine_priority` sets it from the tier where the gateway knows).
+    Without keys the body goes as it came."""
+    ceiling = ceiling_of(caller)
+    if ceiling is None or ceiling == "priority":
+        return body
+    out = body
+    asked = body.get("service_tier")
+    if isinstance(asked, str) and not (asked in TIERS and RANK[asked] >= RANK[ceiling]):  # type: ignore[index]
+        out = {**out, "service_tier": demand.tier}
+    if "priority" in out:
+        out = {k: v for k, v in out.items() if k != "priority"}
+    return out
+
+
+def engine_priority(sent: object, tier: ServiceTier) -> int:
+    """vLLM's `priority` (lower goes first) for a request of `tier`: the client's own value when it is an
+    integer that ranks it no higher than its tier (priority 0, default 1, flex 2), else the tier's."""
+    floor = RANK[tier]
+    return sent if type(sent) is int and sent >= floor else floor
+
+
 def with_engine_priority(body: dict[str, Any], lease: Lease, demand: Demand | None) -> dict[str, Any]:
-    """The request's tier as the engine's `priority` (priority 0, default 1, flex 2) when the engine runs
-    with its spec's `priority_options` (vLLM: `--scheduling-policy priority`, set by the plan for a workload
-    with priority classes, or by the user); a `priority` the client sent itself is kept."""
+    """The request's tier as the engine's `priority` when the engine runs with its spec's `priority_options`
+    (vLLM: `--scheduling-policy priority`, set by the plan for a workload with priority classes, or by the
+    user); a `priority` the client sent itself is kept only where it ranks the request no higher (`engine_priority`)."""
     adapter = lease.adapter
-    if demand is None or "priority" in body or not isinstance(adapter, ServerAdapter):
+    if demand is None or not isinstance(adapter, ServerAdapter):
         return body
     wanted = adapter.spec.priority_options  # the adapter's own spec: a plugin engine need not be registered
     if not wanted or any(adapter.options.get(k) != v for k, v in wanted.items()):
         return body
-    return {**body, "priority": RANK[demand.tier]}
+    return {**body, "priority": engine_priority(body.get("priority"), demand.tier)}
 
 
 def refresh_tiers(m: GatewayMetrics, backend: Backend) -> dict[str, int]:

@@ -30,8 +30,9 @@ from gateway.api.errors import CLIENT_CLOSED, APIError, echoed, error_payload, e
 from gateway.api.validate import check_output_limits
 from gateway.drain import SHUTTING_DOWN, Drain
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
+from gateway.identity import caller_of
 from gateway.api.fanout import Call
-from gateway.api.scheduling import observe_wait, refused, request_demand, with_engine_priority
+from gateway.api.scheduling import observe_wait, refused, request_demand, with_engine_priority, within_ceiling
 from gateway.routing import Backend, DeadlineExceeded, Lease, ModelUnavailable, QueueFull, Refusal, Replica, RouteKey
 from gateway.routing.health import is_retryable
 from gateway.cache_routing.blocks import chain, prompt_text
@@ -266,6 +267,7 @@ async def generate(
     drain = request.app.state.drain
     run = call or (lambda adapter: lambda b, c: OPERATIONS[operation](adapter, b, c))
     demand = request_demand(request, body)  # a header it cannot read is the client's 400, before any limit is spent
+    body = within_ceiling(body, demand, caller_of(request.scope))
     ticket = await reserve_limits(request, backend, view, facts)
     work = _admitted_call(request, backend, run, body, ctx, request_route(request, backend, view, body), demand)
     try:

@@ -32,7 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     create.add_argument("--window-seconds", type=float, help="the rpm/tpm window (default 60)")
     create.add_argument("--expires", help="YYYY-MM-DD (end of that day, UTC) or an ISO time")
     create.add_argument("--weight", type=float, help="share in fair scheduling (default 1)")
-    create.add_argument("--service-tier", choices=("priority", "default", "flex"))
+    create.add_argument("--service-tier", choices=("priority", "default", "flex"),
+                        help="the highest priority class the key's requests may use, and theirs when they name "
+                             "none; a request may ask for less, never more (default: default, so only keys "
+                             "given priority may use it)")
     for name, text in (("list", "every key (no secrets)"), ("revoke", "the key stops working at once"),
                        ("rotate", "a new secret for the same name")):
         sub = actions.add_parser(name, help=text)

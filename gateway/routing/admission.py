@@ -20,10 +20,7 @@ from dataclasses import dataclass, field
 
 from gateway.config import SchedulerConfig
 from gateway.identity import ServiceTier
-from gateway.scheduling import Demand, FairQueue, Refused, Waiter
-
-NEWCOMER_RATIO = 4
-"""Newcomer slots are kept only on replicas with at least this many slots per newcomer slot."""
+from gateway.scheduling import Block, Demand, FairQueue, FlowWindow, Occupancy, Refused, Waiter, blocked
 
 
 class QueueFull(Exception):
@@ -60,12 +57,14 @@ class Admission:
         self.running = 0
         self.prefill_tokens = 0
         self._running_by_flow: collections.Counter[str] = collections.Counter()
-        self._seen: dict[str, float] = {}
-        """Each recent flow's last arrival (loop time): newcomer slots are kept only when several share."""
-        self._shared = False
+        self._recent = FlowWindow(self.policy.flow_window_seconds)
+        """Flows that used this replica lately (loop time): newcomer slots are kept only when several did."""
+        self._recheck: asyncio.TimerHandle | None = None
+        """Re-evaluates the queue when the oldest flow leaves the window (a kept slot may be free to hand out)."""
         fair = self.fair  # under fifo every request is one flow of one tier: no per-flow bound, no aging
         self._queue = FairQueue(max_queue, self.policy.max_queue_per_flow if fair else None,
-                                self.policy.aging_seconds if fair else None)
+                                self.policy.aging_seconds if fair else None,
+                                self.policy.prefill_budget_tokens if fair else None)
 
     @property
     def fair(self) -> bool:
@@ -90,25 +89,17 @@ class Admission:
 
     def can_start(self, demand: Demand) -> bool:
         """A slot is free for this request now: the replica's cap, the newcomer slots, the prefill budget."""
-        if self.concurrency is None:
-            return True
-        if self.running >= self.concurrency:
-            return False
-        if not self.fair:
-            return True
-        reserved = self.policy.newcomer_slots
-        if reserved and self._shared and self.concurrency >= NEWCOMER_RATIO * reserved \
-                and self.running >= self.concurrency - reserved \
-                and self._running_by_flow[demand.flow] >= self.concurrency / len(self._seen):
-            return False  # the kept slots are for flows below their share of the slots (a newcomer has none)
-        budget = self.policy.prefill_budget_tokens
-        return not (budget and self.prefill_tokens > 0 and self.prefill_tokens + demand.prompt_tokens > budget)
+        return self._blocked(demand) is None
+
+    def _blocked(self, demand: Demand) -> Block | None:
+        return blocked(demand, Occupancy(self.concurrency, self.running, self._running_by_flow[demand.flow],
+                                         self.prefill_tokens, len(self._recent)), self.policy)
 
     async def acquire(self, demand: Demand | None = None) -> Ticket:
         loop = asyncio.get_running_loop()
         ticket = Ticket(self._keyed(demand or Demand()))
         now = loop.time()
-        self._arrived(ticket.demand.flow, now)
+        self._used(ticket.demand.flow, now)
         if ticket.demand.deadline is not None and ticket.demand.deadline <= now:
             raise DeadlineExceeded("the request's deadline passed before it could be admitted")
         if not self._queue and self.can_start(ticket.demand):
@@ -147,6 +138,7 @@ class Admission:
         if self._running_by_flow[flow] <= 0:
             del self._running_by_flow[flow]
         self._end_prefill(ticket)
+        self._used(flow, asyncio.get_running_loop().time())  # its window runs from its last request's end
         self._wake()
 
     def prefilled(self, ticket: Ticket) -> None:
@@ -159,16 +151,16 @@ class Admission:
         self.concurrency = concurrency
         self._wake()
 
-    def _arrived(self, flow: str, now: float) -> None:
-        """Note the flow's arrival; `_shared`: more than one flow used this replica within the window."""
-        if not (self.fair and self.policy.newcomer_slots):
-            return
-        self._seen.pop(flow, None)
-        self._seen[flow] = now  # insertion order is arrival order: the oldest first
-        horizon = now - self.policy.flow_window_seconds
-        while self._seen and next(iter(self._seen.values())) < horizon:
-            del self._seen[next(iter(self._seen))]
-        self._shared = len(self._seen) > 1
+    def _used(self, flow: str, now: float) -> None:
+        """Note the flow's arrival or end; the window's other flows that lapsed leave it."""
+        if self.fair and self.policy.newcomer_slots:
+            self._recent.touch(flow, now)
+
+    def _lapse(self) -> None:
+        """The oldest flow's window ended: a slot kept for it may now go to a waiter."""
+        self._recheck = None
+        self._recent.prune(asyncio.get_running_loop().time())
+        self._wake()
 
     def _keyed(self, demand: Demand) -> Demand:
         """Under fifo every request is one flow of one tier (its deadline still holds)."""
@@ -189,13 +181,23 @@ class Admission:
     def _wake(self) -> None:
         now = asyncio.get_running_loop().time() if self._queue else 0.0
         while self._queue:
-            waiter = self._queue.pop(now, self.can_start)
+            waiter = self._queue.pop(now, self._blocked)
             if waiter is None:
-                return
+                break
             future, ticket = _parts(waiter)
             if not future.done():
                 self._start(ticket)
                 future.set_result(None)
+        self._arm()
+
+    def _arm(self) -> None:
+        """While requests wait and several flows share the window, re-evaluate when the oldest leaves it:
+        slots kept for a flow that has left are handed out then, not when something new next arrives."""
+        if self._recheck is not None or not self._queue or len(self._recent) < 2:
+            return
+        expires = self._recent.expires()
+        if expires is not None:
+            self._recheck = asyncio.get_running_loop().call_at(expires, self._lapse)
 
     def _expire(self, waiter: Waiter) -> None:
         if self._queue.remove(waiter):

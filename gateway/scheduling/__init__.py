@@ -2,5 +2,7 @@
 
 from gateway.scheduling.demand import RANK, TIERS, Demand
 from gateway.scheduling.fair_queue import REFUSAL_REASONS, FairQueue, Refused, RefusalReason, Waiter
+from gateway.scheduling.slots import Block, FlowWindow, Occupancy, blocked
 
-__all__ = ["RANK", "REFUSAL_REASONS", "TIERS", "Demand", "FairQueue", "Refused", "RefusalReason", "Waiter"]
+__all__ = ["RANK", "REFUSAL_REASONS", "TIERS", "Block", "Demand", "FairQueue", "FlowWindow", "Occupancy", "Refused",
+           "RefusalReason", "Waiter", "blocked"]

@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.config import FlowConfig
 from gateway.identity import Caller, ServiceTier
-from gateway.scheduling.demand import TIERS, Demand
+from gateway.scheduling.demand import RANK, TIERS, Demand
 from gateway.scheduling.prompt import prompt_tokens
 
 DEADLINE_HEADER = "x-enginegate-deadline-ms"
@@ -26,8 +26,9 @@ class DemandError(ValueError):
         self.header = header
 
 
-def tier_of(body: Mapping[str, Any], headers: Mapping[str, str], caller: Caller | None, flows: FlowConfig) -> ServiceTier:
-    """The body's `service_tier` (OpenAI's; `auto` and unknown values defer), else the header, else the key's."""
+def asked_tier(body: Mapping[str, Any], headers: Mapping[str, str], flows: FlowConfig) -> ServiceTier | None:
+    """The tier the request asks for: the body's `service_tier` (OpenAI's; `auto` and unknown values
+    defer), else the tier header; None when it names none."""
     asked = body.get("service_tier")
     if isinstance(asked, str) and asked in TIERS:
         return asked  # type: ignore[return-value]
@@ -38,9 +39,30 @@ def tier_of(body: Mapping[str, Any], headers: Mapping[str, str], caller: Caller 
             raise DemandError(flows.tier_header, f"header {flows.tier_header} must be one of {', '.join(TIERS)}, "
                                                  f"got {header[:32]!r}")
         return value  # type: ignore[return-value]
-    if caller is not None and caller.service_tier is not None:
-        return caller.service_tier
-    return "default"
+    return None
+
+
+def ceiling_of(caller: Caller | None) -> ServiceTier | None:
+    """The highest tier the caller may use: its key's `service_tier`, `default` for a key given none (only
+    a key explicitly given `priority` may use it); None without keys (any tier may be asked)."""
+    if caller is None:
+        return None
+    return caller.service_tier or "default"
+
+
+def lower(a: ServiceTier, b: ServiceTier) -> ServiceTier:
+    return a if RANK[a] >= RANK[b] else b
+
+
+def tier_of(body: Mapping[str, Any], headers: Mapping[str, str], caller: Caller | None, flows: FlowConfig) -> ServiceTier:
+    """The tier the request is served at: what it asks for (`asked_tier`), else its key's; never above
+    its key's ceiling (a request asking more is served at the ceiling, as OpenAI serves an organisation
+    asking a tier it lacks)."""
+    asked = asked_tier(body, headers, flows)
+    ceiling = ceiling_of(caller)
+    if ceiling is None:
+        return asked or "default"
+    return ceiling if asked is None else lower(asked, ceiling)
 
 
 def deadline_of(headers: Mapping[str, str], now: float) -> float | None:

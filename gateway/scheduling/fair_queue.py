@@ -12,6 +12,12 @@ owns the futures and timers (gateway/routing/admission.py).
   starts requests in proportion to its weight. Each flow is first in, first out.
 - Between tiers, strict priority, except that a waiter that has waited `aging_seconds` goes
   before every waiter that has not (oldest first): the lowest tier's wait is bounded.
+- The prefill budget (gateway/scheduling/slots.py) holds back a prompt that does not fit beside those
+  being prefilled while shorter ones start, but not for ever: a waiter held back only by it lets later
+  waiters (in this order) start past it until their prompt tokens add up to `overtake_tokens` (the
+  budget; each counts at least 1), then it holds the next start: nobody behind it starts until it has,
+  so the prefill under way drains and it starts. Its flow's later requests wait behind it (each flow is
+  first in, first out); other flows wait at most for that drain and its own prefill.
 - Bounds: a flow may hold `max_per_flow` waiters (then `flow_bound`). When the whole queue is
   full, the arrival displaces the newest `flex` waiter if it is not flex itself (`class`), else
   the newest waiter of the flow holding the most waiters per unit of weight, if that flow holds
@@ -29,6 +35,7 @@ from typing import Literal
 
 from gateway.identity import ServiceTier
 from gateway.scheduling.demand import RANK, TIERS, Demand
+from gateway.scheduling.slots import Block
 
 RefusalReason = Literal["flow_bound", "flow_share", "class", "queue_full", "deadline"]
 REFUSAL_REASONS: tuple[RefusalReason, ...] = ("flow_bound", "flow_share", "class", "queue_full", "deadline")
@@ -50,6 +57,8 @@ class Waiter:
     """Its virtual finish tag in its tier."""
     token: object = None
     """What the caller attached (its future)."""
+    overtaken: int = 0
+    """Prompt tokens of later waiters that started past it while the prefill budget held it back."""
 
     @property
     def start(self) -> float:
@@ -67,10 +76,13 @@ class _Tier:
 
 
 class FairQueue:
-    def __init__(self, max_queue: int, max_per_flow: int | None = None, aging_seconds: float | None = 10.0) -> None:
+    def __init__(self, max_queue: int, max_per_flow: int | None = None, aging_seconds: float | None = 10.0,
+                 overtake_tokens: int | None = None) -> None:
         self.max_queue = max_queue
         self.max_per_flow = max_per_flow
         self.aging_seconds = aging_seconds
+        self.overtake_tokens = overtake_tokens
+        """How many prompt tokens may start past a waiter the prefill budget holds back; None: no bound."""
         self._tiers: dict[ServiceTier, _Tier] = {tier: _Tier() for tier in TIERS}
         self._per_flow: collections.Counter[str] = collections.Counter()
         self._size = 0
@@ -156,18 +168,30 @@ class FairQueue:
 
         return sorted(heads, key=key)
 
-    def pop(self, now: float, can_start: Callable[[Demand], bool] = lambda d: True) -> Waiter | None:
-        """The next waiter, in `order`, that `can_start`; None when none can."""
+    def pop(self, now: float, blocked: Callable[[Demand], Block | None] = lambda d: None) -> Waiter | None:
+        """The next waiter, in `order`, that may start (`blocked` answers None for it); None when none may,
+        or when a waiter ahead that only the prefill budget holds back has been overtaken enough (it holds
+        the next start)."""
+        held: list[Waiter] = []
         for waiter in self.order(now):
-            if can_start(waiter.demand):
-                tier = self._tiers[waiter.demand.tier]
-                queue = tier.flows[waiter.demand.flow]
-                queue.popleft()
-                tier.virtual = max(tier.virtual, waiter.start)
-                self._forget(tier, waiter.demand.flow, queue)
-                if len(tier.last_finish) > 2 * len(tier.flows) + 64:  # idle flows' spent tags: bounded memory
-                    tier.last_finish = {f: t for f, t in tier.last_finish.items() if f in tier.flows or t > tier.virtual}
-                return waiter
+            why = blocked(waiter.demand)
+            if why == "budget":
+                if self.overtake_tokens is not None and waiter.overtaken >= self.overtake_tokens:
+                    return None
+                held.append(waiter)
+                continue
+            if why is not None:
+                continue
+            for passed in held:
+                passed.overtaken += max(1, waiter.demand.prompt_tokens)
+            tier = self._tiers[waiter.demand.tier]
+            queue = tier.flows[waiter.demand.flow]
+            queue.popleft()
+            tier.virtual = max(tier.virtual, waiter.start)
+            self._forget(tier, waiter.demand.flow, queue)
+            if len(tier.last_finish) > 2 * len(tier.flows) + 64:  # idle flows' spent tags: bounded memory
+                tier.last_finish = {f: t for f, t in tier.last_finish.items() if f in tier.flows or t > tier.virtual}
+            return waiter
         return None
 
     def _forget(self, tier: _Tier, flow: str, queue: collections.deque[Waiter]) -> None:

@@ -52,7 +52,10 @@ class KeyPolicy(BaseModel):
     weight: float = Field(default=1.0, gt=0)
     """The tenant's share in fair scheduling, relative to other tenants."""
     service_tier: ServiceTier | None = None
-    """The priority class of this key's requests when a request names none."""
+    """The highest priority class this key's requests may use, and theirs when a request names none: a
+    request may ask for a lower one (`service_tier` in the body, or the tier header), never a higher one
+    (it is then served at this one, and an upstream is told this one). None: `default`, so only keys given
+    `priority` may use it."""
 
     @property
     def limited(self) -> bool:

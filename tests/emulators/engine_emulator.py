@@ -68,6 +68,8 @@ class Config:
     record_requests: str | None = None
     speculative_tokens: int = 0
     """vLLM's --speculative-config num_speculative_tokens (0: no speculation, no spec_decode metrics)."""
+    prefill_per_token: float = 0.0
+    """Seconds of prefill per prompt token, added to the ttft (a long prompt's first token comes later)."""
 
 
 class BadRequest(Exception):
@@ -118,6 +120,8 @@ class Plan:
     tool: ToolCallPlan | None = None
     n: int = 1
     """Choices per request (`n`): each the same text."""
+    service_tier: str | None = None
+    """The tier the response reports (as OpenAI's: the one it was served at), when the request named one."""
 
 
 def plan_generation(body: Json, chat: bool, default_tokens: int) -> Plan:
@@ -149,8 +153,10 @@ def plan_generation(body: Json, chat: bool, default_tokens: int) -> Plan:
     if tool is not None:
         finish = "tool_calls"
     choices = _positive_int(body, "n") or 1
+    tier = body.get("service_tier")
+    served = None if not isinstance(tier, str) else "default" if tier == "auto" else tier
     return Plan(prompt_tokens, n, finish, bool(body.get("stream")), bool(options.get("include_usage")), max_tokens, tool,
-                choices)
+                choices, served)
 
 
 def usage(prompt: int, completion: int) -> Json:
@@ -404,7 +410,7 @@ class Emulator:
         self.metrics.dec("waiting")
         self.processing += 1
         self.metrics.inc("running")
-        start = time.perf_counter()
+        start = time.perf_counter() + plan.prompt_tokens * self.cfg.prefill_per_token  # the ttft clock starts after prefill
         try:
             if plan.stream:
                 return await self.stream(request, plan, chat, start)
@@ -483,6 +489,8 @@ class Emulator:
         payload: Json = {"id": rid, "object": "chat.completion" if chat else "text_completion",
                          "created": int(time.time()), "model": self.cfg.model,
                          "choices": [{**choice, "index": i} for i in range(plan.n)]}
+        if plan.service_tier is not None:
+            payload["service_tier"] = plan.service_tier
         if not self.cfg.no_usage:
             payload["usage"] = usage(plan.prompt_tokens, n * plan.n)
         payload.update(self.style.extra_final_fields(plan.prompt_tokens, n, self.cfg.ttft, end - start - self.cfg.ttft))
@@ -509,8 +517,11 @@ class Emulator:
                 choice: Json = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            return {"id": rid, "object": obj, "created": created, "model": cfg.model,
-                    "choices": [{**choice, "index": i} for i in range(plan.n)]}
+            out: Json = {"id": rid, "object": obj, "created": created, "model": cfg.model,
+                         "choices": [{**choice, "index": i} for i in range(plan.n)]}
+            if plan.service_tier is not None:
+                out["service_tier"] = plan.service_tier
+            return out
 
         for comment in style.comments_before_first_token(plan.prompt_tokens):
             await response.write(comment)
@@ -605,6 +616,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
                    help="append each generation request (path, headers, body) to FILE as a JSON line")
     p.add_argument("--speculative-config", default=None,
                    help="vllm: its JSON speculative config; the emulator reports spec_decode counters for it")
+    p.add_argument("--prefill-ms-per-token", type=float, default=0.0,
+                   help="prefill time per prompt token (word), added to --ttft-ms")
     p.add_argument("--close-after-stream", action="store_true",
                    help="close the connection after each stream without saying so (as llama-server was seen to)")
     a = p.parse_args(argv)
@@ -614,7 +627,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     for flag in ("tokens", "max_model_len", "parallel", "embedding_dim"):
         if getattr(a, flag) < 0:
             p.error(f"--{flag.replace('_', '-')} must be >= 0")
-    if a.ttft_ms < 0 or a.itl_ms < 0 or a.startup_delay < 0:
+    if a.ttft_ms < 0 or a.itl_ms < 0 or a.startup_delay < 0 or a.prefill_ms_per_token < 0:
         p.error("delays must be >= 0")
     if a.fail_status is not None and not 400 <= a.fail_status <= 599:
         p.error("--fail-status must be an HTTP error status (400-599)")
@@ -625,7 +638,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
                   a.parallel, a.metrics, a.embedding_dim, a.no_usage,
                   a.close_after_stream, a.models_503_while_loading, a.spawn_child,
                   a.worker_registration, a.worker_warmup, a.record_requests,
-                  int(speculative.get("num_speculative_tokens") or 0))
+                  int(speculative.get("num_speculative_tokens") or 0), a.prefill_ms_per_token / 1000.0)
 
 
 def announce(message: str) -> None:

@@ -189,3 +189,41 @@ async def test_the_kept_slot_goes_to_a_flow_below_its_share() -> None:
     for t in a + b:
         t.cancel()
     await asyncio.gather(*a, *b, return_exceptions=True)
+
+
+async def test_a_long_prompt_is_not_starved_by_short_ones_that_keep_the_budget_busy() -> None:
+    """Issue 32, item 8: budget 1000, a 900-token prompt, 300-token prompts arriving one as another's
+    prefill ends: before, every 300 started at once and the 900 never did (nor its flow's next request)."""
+    adm = Admission(concurrency=16, max_queue=64, policy=SchedulerConfig(prefill_budget_tokens=1000, newcomer_slots=0))
+    prefilling = [await adm.acquire(Demand(flow="chat", prompt_tokens=300)) for _ in range(2)]
+    doc, doc_next = await started(adm, [Demand(flow="batch", prompt_tokens=900), Demand(flow="batch", prompt_tokens=50)])
+    chats: list[asyncio.Task[Ticket]] = []
+    for _ in range(10):  # one chat's first token, then the next chat arrives: the budget never empties
+        if prefilling:
+            adm.prefilled(prefilling.pop(0))
+        chats += await started(adm, [Demand(flow="chat", prompt_tokens=300)])
+        await asyncio.sleep(0)
+        prefilling += [t.result() for t in chats if t.done() and t.result().prefilling and t.result() not in prefilling]
+        if doc.done():
+            break
+    assert doc.done() and doc_next.done()
+    assert sum(t.done() for t in chats) <= 4 + 1  # a budget's worth passed it (plus the one that reached it)
+    for t in chats:
+        t.cancel()
+    await asyncio.gather(*chats, return_exceptions=True)
+
+
+async def test_a_kept_slot_is_handed_out_when_the_flow_it_was_kept_for_has_left() -> None:
+    """Issue 32, item 8: the slot kept for b stayed idle after b's window ended until something arrived."""
+    adm = Admission(concurrency=4, max_queue=16, policy=SchedulerConfig(flow_window_seconds=0.05))
+    adm.release(await adm.acquire(Demand(flow="b")))  # b used the replica: the last slot is kept for it
+    burst = await started(adm, [Demand(flow="a")] * 6)
+    assert adm.running == 3 and adm.waiting == 3
+    # nothing arrives and nothing ends: b's window lapses and a's next waiter takes the slot
+    fourth = burst[3]
+    await asyncio.wait_for(asyncio.shield(fourth), 5)
+    assert adm.running == 4 and adm.waiting == 2
+    for t in burst:
+        t.cancel()
+    await asyncio.gather(*burst, return_exceptions=True)
+

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.config import FlowConfig
 from gateway.identity import Caller
-from gateway.scheduling.classify import DEADLINE_HEADER, DemandError, demand_for
+from gateway.scheduling.classify import DEADLINE_HEADER, DemandError, demand_for, tier_of
 from gateway.scheduling.prompt import prompt_tokens
 
 FLOWS = FlowConfig(weights={"batch": 0.5, "team-a": 3.0})
@@ -18,10 +18,9 @@ FLOWS = FlowConfig(weights={"batch": 0.5, "team-a": 3.0})
     # no key: the flow header, else the client address; tier default
     ({}, {}, None, ("10.0.0.9", "default", 1.0)),
     ({}, {"x-enginegate-flow": "batch"}, None, ("batch", "default", 0.5)),
-    # the body's service_tier beats the header, which beats the key's default
+    # the body's service_tier beats the header, which beats the key's default (tier_of's table below)
     ({"service_tier": "flex"}, {"x-enginegate-service-tier": "priority"}, Caller("k", service_tier="default"),
      ("k", "flex", 1.0)),
-    ({}, {"x-enginegate-service-tier": "Priority"}, Caller("k", service_tier="flex"), ("k", "priority", 1.0)),
     ({"service_tier": "auto"}, {}, Caller("k", service_tier="flex"), ("k", "flex", 1.0)),
     # a key names the flow (the header is ignored); its own weight wins over the config's
     ({}, {"x-enginegate-flow": "batch"}, Caller("team-a"), ("team-a", "default", 3.0)),
@@ -31,6 +30,47 @@ def test_flow_tier_and_weight(body: dict[str, Any], headers: dict[str, str], cal
                               expected: tuple[str, str, float]) -> None:
     d = demand_for(body, headers, caller, "10.0.0.9", FLOWS, now=100.0)
     assert (d.flow, d.tier, d.weight) == expected and d.deadline is None
+
+
+TIER = "x-enginegate-service-tier"
+
+
+@pytest.mark.parametrize(("body", "headers", "caller", "tier"), [
+    # no keys: whatever the request asks (body first, then the header), else default
+    ({}, {}, None, "default"),
+    ({"service_tier": "priority"}, {}, None, "priority"),
+    ({}, {TIER: "Priority "}, None, "priority"),
+    ({"service_tier": "flex"}, {TIER: "priority"}, None, "flex"),
+    ({"service_tier": "auto"}, {TIER: "priority"}, None, "priority"),  # auto defers to the next source
+    ({"service_tier": "scale"}, {}, None, "default"),  # unknown too
+    # a key's tier is its ceiling: a request may ask less, never more (it is served at the ceiling)
+    ({"service_tier": "priority"}, {}, Caller("k", service_tier="flex"), "flex"),
+    ({}, {TIER: "priority"}, Caller("k", service_tier="flex"), "flex"),
+    ({"service_tier": "default"}, {}, Caller("k", service_tier="flex"), "flex"),
+    ({"service_tier": "auto"}, {TIER: "priority"}, Caller("k", service_tier="flex"), "flex"),
+    ({"service_tier": "priority"}, {}, Caller("k", service_tier="default"), "default"),
+    ({"service_tier": "flex"}, {}, Caller("k", service_tier="default"), "flex"),
+    # ... and its tier when the request names none
+    ({}, {}, Caller("k", service_tier="flex"), "flex"),
+    ({}, {}, Caller("k", service_tier="priority"), "priority"),
+    # a key given priority may use every tier
+    ({"service_tier": "flex"}, {}, Caller("k", service_tier="priority"), "flex"),
+    ({}, {TIER: "default"}, Caller("k", service_tier="priority"), "default"),
+    ({"service_tier": "priority"}, {}, Caller("k", service_tier="priority"), "priority"),
+    # a key given no tier: default is its ceiling (only keys given priority may use priority), admins too
+    ({}, {}, Caller("k"), "default"),
+    ({"service_tier": "priority"}, {}, Caller("k"), "default"),
+    ({}, {TIER: "priority"}, Caller("ops", role="admin"), "default"),
+    ({"service_tier": "flex"}, {}, Caller("k"), "flex"),
+])
+def test_a_keys_tier_is_a_ceiling(body: dict[str, Any], headers: dict[str, str], caller: Caller | None,
+                                  tier: str) -> None:
+    assert tier_of(body, headers, caller, FLOWS) == tier
+
+
+def test_a_header_naming_no_tier_is_refused_even_under_a_ceiling() -> None:
+    with pytest.raises(DemandError):
+        tier_of({}, {TIER: "urgent"}, Caller("k", service_tier="flex"), FLOWS)
 
 
 def test_deadline_header_is_relative_milliseconds() -> None:

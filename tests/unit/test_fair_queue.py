@@ -147,9 +147,9 @@ def test_can_start_skips_a_flow_without_losing_its_place() -> None:
     q.push(Demand(flow="doc", prompt_tokens=2000), 0.0, "doc0")
     q.push(Demand(flow="doc", prompt_tokens=2000), 0.0, "doc1")
     q.push(Demand(flow="chat", prompt_tokens=20), 1.0, "chat0")
-    short = q.pop(2.0, lambda d: d.prompt_tokens < 1000)
+    short = q.pop(2.0, lambda d: None if d.prompt_tokens < 1000 else "budget")
     assert short is not None and short.token == "chat0"
-    assert q.pop(2.0, lambda d: d.prompt_tokens < 1000) is None
+    assert q.pop(2.0, lambda d: None if d.prompt_tokens < 1000 else "budget") is None
     assert [q.pop(2.0).token, q.pop(2.0).token] == ["doc0", "doc1"]  # type: ignore[union-attr]
 
 

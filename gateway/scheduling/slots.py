@@ -1,0 +1,78 @@
+"""Whether a request may start on a replica now, and if not why: its slots, the slots kept for
+newcomers, the prefill budget. Pure: gateway/routing/admission.py passes the replica's state.
+
+Also the window of recent flows the kept slots are for (`FlowWindow`): pure too, the caller passes
+the time and re-evaluates at `expires()`, so a kept slot is handed out when the last other flow's
+window ends, not only when something new arrives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gateway.config import SchedulerConfig
+from gateway.scheduling.demand import Demand
+
+Block = Literal["slots", "kept", "budget"]
+"""Why a request cannot start now: every slot busy; the free ones are kept for flows below their share;
+its prompt does not fit beside the prompts being prefilled."""
+NEWCOMER_RATIO = 4
+"""Newcomer slots are kept only on replicas with at least this many slots per newcomer slot."""
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """A replica's state as the start rule reads it."""
+
+    concurrency: int | None
+    """Its slots; None: no gateway cap."""
+    running: int = 0
+    running_of_flow: int = 0
+    """The requests of the candidate's flow running there."""
+    prefill_tokens: int = 0
+    """Prompt tokens admitted whose first token has not come."""
+    recent_flows: int = 1
+    """Flows that used the replica within the window (the kept slots exist when more than one did)."""
+
+
+def blocked(demand: Demand, at: Occupancy, policy: SchedulerConfig) -> Block | None:
+    """None when `demand` may start now. Under `fifo` only the slots count."""
+    if at.concurrency is None:
+        return None
+    if at.running >= at.concurrency:
+        return "slots"
+    if policy.policy != "fair":
+        return None
+    kept = policy.newcomer_slots
+    if kept and at.recent_flows > 1 and at.concurrency >= NEWCOMER_RATIO * kept \
+            and at.running >= at.concurrency - kept and at.running_of_flow >= at.concurrency / at.recent_flows:
+        return "kept"  # the kept slots are for flows below their share of the slots (a newcomer has none)
+    budget = policy.prefill_budget_tokens
+    if budget and at.prefill_tokens > 0 and at.prefill_tokens + demand.prompt_tokens > budget:
+        return "budget"  # one alone always starts, whatever its length
+    return None
+
+
+@dataclass(slots=True)
+class FlowWindow:
+    """Flows that used a replica within `seconds` (an arrival or an end), oldest first."""
+
+    seconds: float
+    _last: dict[str, float] = field(default_factory=dict)
+
+    def touch(self, flow: str, now: float) -> None:
+        self._last.pop(flow, None)
+        self._last[flow] = now  # insertion order is the order of last use: the oldest first
+        self.prune(now)
+
+    def prune(self, now: float) -> None:
+        horizon = now - self.seconds
+        while self._last and next(iter(self._last.values())) <= horizon:
+            del self._last[next(iter(self._last))]
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def expires(self) -> float | None:
+        """When the oldest flow leaves the window (the count may drop then); None when empty."""
+        return next(iter(self._last.values())) + self.seconds if self._last else None
