@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import asyncpg
 import orjson
 
-from gateway.api.response_store import StoredResponse, StoreUnavailable
+from gateway.api.response_store import IdTaken, StoredResponse, StoreUnavailable
 from gateway.database import Database, DatabaseUnavailable, migrate
 
 log = logging.getLogger("enginegate.responses")
@@ -136,7 +136,7 @@ class PostgresResponseStore:
         async def work(timeout_s: float) -> None:
             stored = await self.db.run(lambda conn: self._put(conn, record), transaction=True, timeout_s=timeout_s)
             if not stored:
-                raise StoreUnavailable(f"the response id {record.id} is another owner's")
+                raise IdTaken(record.id)  # another owner's id: never replaced, and not an outage
         await self._call(work)
         if time.monotonic() >= self._next_sweep and (self._sweeping is None or self._sweeping.done()):
             self._next_sweep = time.monotonic() + SWEEP_INTERVAL_S

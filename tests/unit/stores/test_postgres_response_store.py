@@ -1,7 +1,6 @@
 """The stored-Responses contract (gateway/api/response_store.py) on the shared PostgreSQL, against a real
-server: the same cases as the SQLite store's table (owner isolation, admin reach, per-owner pruning,
-max_age, delete, concurrency), written over a `make` factory so they fold into that table; then what
-only a server database has (several gateways on one database, the server down and back)."""
+server, beyond the contract table every store passes (test_response_store_contract.py): ids no row can
+hold, exact per-owner counts under concurrency on several gateways, the sweep, the server down and back."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import pytest
 
 from gateway.api.postgres_response_store import PostgresResponseStore
-from gateway.api.response_store import ANONYMOUS, ResponseStore, StoredResponse, StoreUnavailable
+from gateway.api.response_store import ResponseStore, StoredResponse, StoreUnavailable
 from gateway.database import Database
 from tests.postgres_server import PostgresServer, postgres, postgres_server, postgres_url  # noqa: F401  (fixtures)
 
@@ -44,15 +43,7 @@ async def make(postgres_url: str) -> AsyncIterator[Make]:
         await store.db.close()
 
 
-# -- the contract table ------------------------------------------------------------------------------
-
-async def test_round_trip_keeps_the_record_exactly(make: Make) -> None:
-    store = await make()
-    original = record("resp_1", "team-a", text="nul \u0000 and ünïcode and \"quotes\"")
-    await store.put(original)
-    assert await store.get("resp_1", "team-a") == original
-    assert await store.get("resp_missing", None) is None
-
+# -- what only a server database has (the contract itself: tests/unit/stores/test_response_store_contract.py)
 
 async def test_an_id_no_record_can_have_is_missing_not_an_error(make: Make) -> None:
     """A client may send any id (a NUL in the path or in previous_response_id): it is a missing id."""
@@ -61,63 +52,6 @@ async def test_an_id_no_record_can_have_is_missing_not_an_error(make: Make) -> N
         assert await store.get(response_id, "team-a") is None
         assert await store.get(response_id, None) is None
         assert await store.delete(response_id, None) is False
-
-
-async def test_another_owner_sees_it_exactly_as_a_missing_id(make: Make) -> None:
-    store = await make()
-    await store.put(record("resp_a", "team-a"))
-    assert await store.get("resp_a", "team-b") is None
-    assert await store.get("resp_a", ANONYMOUS) is None
-    assert await store.delete("resp_a", "team-b") is False
-    assert await store.get("resp_a", "team-a") is not None  # the failed delete left it
-
-
-async def test_admin_reach_is_every_owner_and_ownerless_rows_are_admin_only(make: Make) -> None:
-    store = await make()
-    await store.put(record("resp_a", "team-a"))
-    await store.put(record("resp_old", None))  # written before owners were recorded
-    assert (await store.get("resp_a", None)).owner == "team-a"  # type: ignore[union-attr]
-    assert await store.get("resp_old", None) is not None
-    assert await store.get("resp_old", ANONYMOUS) is None and await store.get("resp_old", "team-a") is None
-    assert await store.delete("resp_old", None) is True
-
-
-async def test_delete_by_its_owner(make: Make) -> None:
-    store = await make()
-    await store.put(record("resp_a", "team-a"))
-    assert await store.delete("resp_a", "team-a") is True
-    assert await store.get("resp_a", None) is None
-    assert await store.delete("resp_a", "team-a") is False
-
-
-async def test_pruning_is_per_owner(make: Make) -> None:
-    store = await make(max_count=3)
-    now = time.time()
-    await store.put(record("resp_b0", "team-b", now - 100))
-    for i in range(5):
-        await store.put(record(f"resp_a{i}", "team-a", now - 50 + i))
-    kept = [i for i in range(5) if await store.get(f"resp_a{i}", None) is not None]
-    assert kept == [2, 3, 4]  # the owner's newest three
-    assert await store.get("resp_b0", "team-b") is not None  # team-a's writes never evict team-b's
-
-
-async def test_max_age_hides_and_prunes(make: Make) -> None:
-    store = await make(max_age_s=DAY)
-    await store.put(record("resp_old", "team-a", time.time() - DAY - 60))
-    assert await store.get("resp_old", "team-a") is None  # past max_age: as missing, even before pruning
-    await store.put(record("resp_new", "team-b"))  # any owner's write prunes every owner's expired rows
-    admin_view = PostgresResponseStore(store.db, 10 * DAY, 10_000)  # type: ignore[attr-defined]
-    assert await admin_view.get("resp_old", None) is None  # gone, not just hidden
-
-
-async def test_an_id_of_another_owner_is_never_replaced(make: Make) -> None:
-    store = await make()
-    await store.put(record("resp_x", "team-a", text="mine"))
-    with pytest.raises(StoreUnavailable):
-        await store.put(record("resp_x", "team-b", text="theirs"))
-    assert (await store.get("resp_x", None)).response["text"] == "mine"  # type: ignore[union-attr]
-    await store.put(record("resp_x", "team-a", text="mine again"))  # its owner may replace it
-    assert (await store.get("resp_x", "team-a")).response["text"] == "mine again"  # type: ignore[union-attr]
 
 
 async def test_concurrent_writes_of_one_owner_on_two_gateways_keep_exactly_max_count(make: Make) -> None:

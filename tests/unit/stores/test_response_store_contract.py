@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gateway.api.response_store import ANONYMOUS, IdTaken, ResponseStore, StoredResponse
-from tests.stores import RESPONSE_STORES
+from tests.postgres_server import postgres  # noqa: F401  (the server fixture the postgres parameter uses)
+from tests.stores import RESPONSE_STORES, SERVERS_NEEDED
 
 Opener = Callable[..., ResponseStore]
 HOUR = 3600.0
@@ -21,10 +22,11 @@ HOUR = 3600.0
 async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Opener]:
     """open_store(max_age_s=..., max_count=...): a store at this test's place (every call: the same records)."""
     factory = RESPONSE_STORES[request.param]
+    servers = {name: request.getfixturevalue(name) for name in SERVERS_NEEDED.get(request.param, ())}
     opened: list[ResponseStore] = []
 
     def open_(max_age_s: float = HOUR, max_count: int = 100) -> ResponseStore:
-        store = factory(tmp_path, max_age_s=max_age_s, max_count=max_count)
+        store = factory(tmp_path, servers, max_age_s=max_age_s, max_count=max_count)
         opened.append(store)
         return store
 
