@@ -85,6 +85,8 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 return 1
 """
+# Reads first, and the first write one that needs memory (INCR, ZADD...): under OOM (noeviction) Redis refuses
+# that one, and so the whole call, where a write before it would have let the script run on regardless.
 # KEYS: requests window, tokens window, leases, budget, applied:r:{id}.
 # ARGV: rpm tpm conc budget (0 = no limit) window_ms budget_ttl_ms cost lease_ttl_ms request_id keep_ms
 RESERVE = NOW + """
@@ -95,7 +97,7 @@ local function reset(k) local t = redis.call('PTTL', k); if t < 0 then return wi
 local r, rr, t, tr, c, b = 0, 0, 0, 0, 0, 0
 if rpm > 0 then r = get(KEYS[1]); rr = reset(KEYS[1]) end
 if tpm > 0 then t = get(KEYS[2]); tr = reset(KEYS[2]) end
-if conc > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now); c = redis.call('ZCARD', KEYS[3]) end
+if conc > 0 then c = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf') end
 if budget > 0 then b = get(KEYS[4]) end
 if redis.call('EXISTS', KEYS[5]) == 1 then return {'', r, rr, t, tr, c, b} end
 local refused = ''
@@ -108,6 +110,7 @@ if refused == '' then
   if tpm > 0 then t = redis.call('INCRBY', KEYS[2], cost); if redis.call('PTTL', KEYS[2]) < 0 then redis.call('PEXPIRE', KEYS[2], window) end end
   if conc > 0 then
     redis.call('ZADD', KEYS[3], now + lease_ttl, ARGV[9]); c = c + 1; redis.call('PEXPIRE', KEYS[3], lease_ttl)
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   end
   if budget > 0 then b = redis.call('INCRBY', KEYS[4], cost); redis.call('PEXPIRE', KEYS[4], budget_ttl) end
   redis.call('SET', KEYS[5], '1', 'PX', ARGV[10])

@@ -144,3 +144,86 @@ async def test_a_locked_sqlite_file_is_waited_for_off_the_event_loop(tmp_path: P
     assert decision.admitted and ticks >= 10  # the loop kept running while the reserve waited for the lock
     other.close()
     await store.close()
+
+
+async def test_a_sqlite_file_from_before_the_flag_with_only_revoked_keys_still_requires_keys(tmp_path: Path) -> None:
+    import sqlite3
+
+    import orjson
+
+    path = tmp_path / "keys.sqlite3"
+    record = new_record("gone", KeyPolicy(role="admin"))[0]
+    old = sqlite3.connect(path)  # the previous version's schema: keys, no meta table
+    old.execute("CREATE TABLE keys (name TEXT PRIMARY KEY, secret_hash TEXT UNIQUE, record BLOB NOT NULL)")
+    old.execute("INSERT INTO keys VALUES (?, NULL, ?)", ("gone", orjson.dumps({**record.to_json(), "revoked_at": 1.0})))
+    old.commit()
+    old.close()
+    store = SQLiteKeyStore(path)
+    assert await store.auth_enabled()
+    await store.disable_auth()
+    assert not await store.auth_enabled()
+    await store.close()
+    assert not await (empty := SQLiteKeyStore(tmp_path / "none.sqlite3")).auth_enabled()
+    await empty.close()
+
+
+async def test_a_redis_store_from_before_the_flag_with_only_revoked_keys_still_requires_keys(redis: RedisServer) -> None:
+    import orjson
+    import redis as redis_client
+
+    prefix = f"t{uuid.uuid4().hex}:"
+    record = new_record("gone", KeyPolicy(role="admin"))[0]
+    with redis_client.Redis.from_url(redis.url) as raw:  # what the previous version left: a revoked record, no flag
+        raw.hset(prefix + "keys", "gone", orjson.dumps({**record.to_json(), "revoked_at": 1.0}))
+    store = RedisKeyStore(redis.url, prefix)
+    assert await store.auth_enabled()
+    await store.disable_auth()
+    assert not await store.auth_enabled()
+    await store.close()
+
+
+async def test_sqlite_forgets_applied_request_ids_after_a_day(tmp_path: Path) -> None:
+    import sqlite3
+    import time
+
+    from gateway.tenancy.store import APPLIED_KEEP_MS, Settlement, UsageDelta
+
+    store = SQLiteKeyStore(tmp_path / "keys.sqlite3")
+    usage = UsageDelta("p", "m", "2026-12-01", requests=1)
+    await store.settle([Settlement("old", "p", None, 0, False, usage)])
+    db = sqlite3.connect(store.path)
+    db.execute("UPDATE applied SET at_ms = ?", (int(time.time() * 1000) - APPLIED_KEEP_MS - 1,))
+    db.commit()
+    await store.settle([Settlement("new", "p", None, 0, False, usage)])
+    assert [r[0] for r in db.execute("SELECT id FROM applied")] == ["s:new"]
+    db.close()
+    await store.close()
+
+
+@pytest.mark.parametrize("fault", ["oom", "readonly"])
+async def test_a_redis_error_reply_is_store_unavailable(redis: RedisServer, fault: str) -> None:
+    import redis as redis_client
+
+    from gateway.tenancy.limits import Limits
+    from gateway.tenancy.store import Settlement, UsageDelta
+
+    prefix = f"t{uuid.uuid4().hex}:"
+    store = RedisKeyStore(redis.url, prefix, timeout_s=0.5)
+    record, secret = new_record("f", KeyPolicy(max_concurrency=2))
+    await store.create(record)
+    assert (await store.reserve("f", Limits.of(record.policy, 0.0), 1, "r0")).admitted
+    lim = Limits.of(record.policy, 0.0)
+    raw = redis_client.Redis.from_url(redis.url)
+    dead = __import__("adapters.process", fromlist=["free_port"]).free_port()
+    raw.execute_command(*(("CONFIG", "SET", "maxmemory", "1") if fault == "oom" else ("REPLICAOF", "127.0.0.1", str(dead))))
+    try:
+        assert (await store.lookup(hash_secret(secret))) == record  # reads still answer
+        for call in (lambda: store.reserve("f", lim, 1, "r1"), lambda: store.create(new_record("g", KeyPolicy())[0]),
+                     lambda: store.settle([Settlement("r0", "f", lim, 0, True, UsageDelta("f", "m", "2026-12-01"))])):
+            with pytest.raises(StoreUnavailable, match="maxmemory|read only"):
+                await call()
+    finally:
+        raw.execute_command(*(("CONFIG", "SET", "maxmemory", "0") if fault == "oom" else ("REPLICAOF", "NO", "ONE")))
+        raw.close()
+    assert (await store.reserve("f", lim, 1, "r1")).admitted
+    await store.close()
