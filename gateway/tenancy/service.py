@@ -84,6 +84,12 @@ class Tenancy:
         self._has_keys = (time.monotonic(), value)
         return value
 
+    async def disable_auth(self) -> None:
+        """Turn "keys are on" off in the store (raises KeysActive while a key is active); this process
+        sees it at once. Keys in the config file still authenticate and keep every route closed."""
+        await self.store.disable_auth()
+        self._has_keys = (time.monotonic(), False)
+
     async def authenticate(self, token: bytes) -> KeyRecord | None:
         """The active, unexpired key with this secret, or None. Raises StoreUnavailable (fail closed)."""
         digest = hash_secret(token)
