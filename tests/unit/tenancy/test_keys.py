@@ -227,3 +227,32 @@ async def test_a_redis_error_reply_is_store_unavailable(redis: RedisServer, faul
         raw.close()
     assert (await store.reserve("f", lim, 1, "r1")).admitted
     await store.close()
+
+
+async def test_pooled_connections_left_from_before_a_redis_restart_are_retried(redis: RedisServer) -> None:
+    import asyncio
+
+    from gateway.tenancy.limits import Limits
+
+    prefix = f"t{uuid.uuid4().hex}:"
+    store = RedisKeyStore(redis.url, prefix, timeout_s=0.5)
+    record, secret = new_record("r", KeyPolicy(rpm=1000))
+    await store.create(record)
+    lim = Limits.of(record.policy, 0.0)
+
+    async def burst(round_: int) -> list[str]:
+        async def one(i: int) -> str:
+            try:
+                assert await store.lookup(hash_secret(secret)) == record
+                return "ok" if (await store.reserve("r", lim, 1, f"{round_}-{i}")).admitted else "refused"
+            except StoreUnavailable as exc:
+                return str(exc)
+
+        return await asyncio.gather(*(one(i) for i in range(10)))  # ten connections in the pool
+
+    assert await burst(0) == ["ok"] * 10
+    for round_ in (1, 2):
+        redis.kill()
+        redis.start()  # the same port, its data kept (append-only file): every pooled connection is dead
+        assert await burst(round_) == ["ok"] * 10
+    await store.close()
