@@ -68,7 +68,8 @@ class Tenancy:
 
     # -- authentication ------------------------------------------------------------------------
     async def required(self) -> bool:
-        """Keys exist (config or store): every protected route needs one. The store is asked at most once a second."""
+        """Keys are on (a key in the config file, or the store's record that a key was ever made, until
+        `disable_auth`): every protected route needs one. The store is asked at most once a second."""
         if self.static:
             return True
         at, value = self._has_keys
