@@ -42,6 +42,7 @@ from gateway.tenancy.store import (
 
 T = TypeVar("T")
 BUSY_TIMEOUT_S = 5.0
+PRUNE_EVERY = 256  # settle transactions between two prunings of the applied request ids (the first one prunes)
 CHECKPOINT_EVERY = 256  # commits on the loop's connection between two checkpoints (on the worker thread)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS keys (
@@ -55,8 +56,8 @@ CREATE TABLE IF NOT EXISTS windows (
 );
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT NOT NULL, request_id TEXT NOT NULL, expires_ms INTEGER NOT NULL, PRIMARY KEY (name, request_id)
-);
-CREATE TABLE IF NOT EXISTS applied (id TEXT PRIMARY KEY, at_ms INTEGER NOT NULL);
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS applied (id TEXT PRIMARY KEY, at_ms INTEGER NOT NULL) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS applied_at ON applied (at_ms);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS budgets (
@@ -130,6 +131,7 @@ class SQLiteKeyStore:
         self._db: sqlite3.Connection | None = None
         self._loop_db: sqlite3.Connection | None = None
         self._commits = 0
+        self._settles = 0
 
     # -- the worker thread -------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -333,7 +335,9 @@ class SQLiteKeyStore:
     async def settle(self, settlements: list[Settlement]) -> None:
         def body(db: sqlite3.Connection) -> None:
             now_ms = int(time.time() * 1000)
-            db.execute("DELETE FROM applied WHERE at_ms < ?", (now_ms - APPLIED_KEEP_MS,))
+            self._settles += 1
+            if self._settles % PRUNE_EVERY == 1:
+                db.execute("DELETE FROM applied WHERE at_ms < ?", (now_ms - APPLIED_KEEP_MS,))
             for s in settlements:
                 if db.execute("INSERT OR IGNORE INTO applied (id, at_ms) VALUES (?, ?)",
                               ("s:" + s.request_id, now_ms)).rowcount == 0:

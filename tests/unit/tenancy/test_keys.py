@@ -194,6 +194,8 @@ async def test_sqlite_forgets_applied_request_ids_after_a_day(tmp_path: Path) ->
     db = sqlite3.connect(store.path)
     db.execute("UPDATE applied SET at_ms = ?", (int(time.time() * 1000) - APPLIED_KEEP_MS - 1,))
     db.commit()
+    await store.close()
+    store = SQLiteKeyStore(store.path)  # a gateway's first settle prunes (then one in PRUNE_EVERY)
     await store.settle([Settlement("new", "p", None, 0, False, usage)])
     assert [r[0] for r in db.execute("SELECT id FROM applied")] == ["s:new"]
     db.close()
