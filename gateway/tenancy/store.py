@@ -13,6 +13,7 @@ so a dead gateway's slots come back within a minute; `release_leases` is the adm
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -80,7 +81,8 @@ class Settlement:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Settlement:
         limits = Limits(**data["limits"]) if data.get("limits") else None
-        return cls(str(data["request_id"]), data["name"], limits, int(data["token_delta"]), bool(data["release"]), UsageDelta(**data["usage"]))
+        request_id = str(data.get("request_id") or f"spool-{uuid.uuid4().hex}")  # a spool from before ids: applied once
+        return cls(request_id, data["name"], limits, int(data["token_delta"]), bool(data["release"]), UsageDelta(**data["usage"]))
 
 
 class KeyStore(Protocol):

@@ -109,3 +109,17 @@ async def test_a_settle_that_raises_something_else_keeps_the_usage(tmp_path: Pat
     await wait_for(lambda: tenancy.pending == 0, "the usage was dropped")
     assert [r["requests"] for r in await store.inner.usage("ex")] == [1]
     await tenancy.close()
+
+
+async def test_a_spool_written_before_request_ids_is_replayed_at_start(tmp_path: Path) -> None:
+    import orjson
+
+    spool = tmp_path / "usage-spool.jsonl"
+    old = {"name": "old", "limits": None, "token_delta": 0, "release": False,  # the previous version's line: no request_id
+           "usage": {"name": "old", "model": "m", "day": "2026-12-01", "requests": 2, "prompt_tokens": 5}}
+    spool.write_bytes(orjson.dumps(old) + b"\n")
+    tenancy = Tenancy(SQLiteKeyStore(tmp_path / "k.sqlite3"), spool=spool)
+    await tenancy.start()
+    assert not spool.exists()
+    assert [(r["requests"], r["prompt_tokens"]) for r in await tenancy.store.usage("old")] == [(2, 5)]
+    await tenancy.close()
