@@ -242,11 +242,15 @@ async def _burst(gw: RunningGateway, secret: str, n: int) -> list[httpx.Response
 
 # -- a killed gateway's slots ----------------------------------------------------------------------
 
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
 def test_a_gateway_killed_holding_a_slot_gives_it_back_within_the_lease(
-        redis: RedisServer, upstream: RunningEmulator, tmp_path: Path) -> None:
+        store: str, upstream: RunningEmulator, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     config = tmp_path / "gateway.yaml"
     with running_emulator("vllm", "--tokens", "3000", "--itl-ms", "20") as endless:  # a minute-long stream
-        config.write_text(redis_config(redis, upstream, endless))
+        if store == "redis":
+            config.write_text(redis_config(request.getfixturevalue("redis"), upstream, endless))
+        else:  # two gateways on one SQLite file
+            config.write_text(f"tenancy: {{path: \"{tmp_path / 'keys.sqlite3'}\"}}\n" + models(upstream, endless))
         _killed_gateway_then_reset(config)
 
 
