@@ -40,6 +40,8 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("permission_denied", GATEWAY, (403,), "The route needs a key with role admin (docs/keys.md); also POST "
               "/admin/keys on a gateway with no key yet."),
     ErrorCode("key_exists", GATEWAY, (409,), "POST /admin/keys: an active key (or a config-file key) has that name."),
+    ErrorCode("keys_active", GATEWAY, (409,), "POST /admin/auth/disable: a key in the store is still active "
+              "(revoke every key first)."),
     ErrorCode("request_too_large", GATEWAY, (413,), "The body is larger than `max_body_bytes`."),
     ErrorCode("request_timeout", GATEWAY, (408,), "The request headers (`header_timeout_seconds`) or the body "
               "(`body_timeout_seconds`) did not arrive in time; the connection is closed."),
@@ -72,8 +74,9 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
               "when its window ends."),
     ErrorCode("insufficient_quota", OPENAI, (429,), "The key's token budget for its period is spent (`x-should-retry: "
               "false`: it renews when the period ends)."),
-    ErrorCode("store_unavailable", GATEWAY, (503,), "The key store (SQLite file or Redis) is unreachable and "
-              "`tenancy.on_store_error` is `closed`; or the response store was lost after start-up."),
+    ErrorCode("store_unavailable", GATEWAY, (503,), "The key store (SQLite file or Redis) is unreachable or answers "
+              "an error (Redis READONLY, OOM) and `tenancy.on_store_error` is `closed`; or the response store was lost "
+              "after start-up."),
     ErrorCode("shutting_down", GATEWAY, (503,), "The gateway is draining after SIGTERM; also the final stream event of a "
               "stream cut at the end of `shutdown_grace_seconds`."),
     ErrorCode("model_unavailable", GATEWAY, (503,), "The model cannot serve now, for a reason without a code of its own."),

@@ -218,7 +218,8 @@ class TenancyConfig(BaseModel):
     redis_prefix: str = "enginegate:"
     """The prefix of every Redis key the gateway writes."""
     store_timeout_seconds: float = Field(default=2.0, gt=0)
-    """How long one store operation may take before the store counts as unreachable."""
+    """How long one store operation may take before the store counts as unreachable (a Redis call that times
+    out or finds its pooled connection dead is tried once more: at most twice this in all)."""
     on_store_error: Literal["closed", "open"] = "closed"
     """Store unreachable: closed answers 503 (config-file keys still authenticate); open lets the keys seen
     before through without limits. Usage is kept and written when the store is back, either way."""

@@ -5,7 +5,10 @@
                                         (not on a gateway with no key yet: the first one is made on the host)
     POST /admin/keys/{name}/revoke      the key fails on its next request, in every gateway sharing the store
     POST /admin/keys/{name}/rotate      a new secret for the same name (usage and limits carry on); the old one stops working
+    POST /admin/keys/{name}/release-leases  end every concurrency slot the key holds (a reset: requests still
+                                        running keep running, uncounted)
     GET  /admin/usage?key=&since=       usage per key, model and UTC day
+    POST /admin/auth/disable            turn "keys are on" off again in the key store (409 while a key is active)
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from gateway.api.serving import parse_body
 from gateway.identity import caller_of
 from gateway.tenancy.keys import VALID_NAME, KeyPolicy, new_record, rotated
 from gateway.tenancy.service import Tenancy
-from gateway.tenancy.store import KeyExists, StoreUnavailable
+from gateway.tenancy.store import KeyExists, KeysActive, StoreUnavailable
 
 router = APIRouter()
 
@@ -97,6 +100,28 @@ async def rotate_key(request: Request, name: str) -> dict[str, Any]:
     except StoreUnavailable as exc:
         raise _unavailable(exc) from exc
     return {**record.public(), "key": secret}
+
+
+@router.post("/admin/keys/{name}/release-leases")
+async def release_leases(request: Request, name: str) -> dict[str, Any]:
+    try:
+        released = await _tenancy(request).store.release_leases(name)
+    except StoreUnavailable as exc:
+        raise _unavailable(exc) from exc
+    return {"name": name, "released": released}
+
+
+@router.post("/admin/auth/disable")
+async def disable_auth(request: Request) -> dict[str, Any]:
+    t = _tenancy(request)
+    try:
+        await t.disable_auth()
+    except KeysActive as exc:
+        raise APIError(409, f"the key {str(exc)[:64]!r} is active: revoke every key in the store first",
+                       code="keys_active") from exc
+    except StoreUnavailable as exc:
+        raise _unavailable(exc) from exc
+    return {"auth_enabled": await t.required(), "config_keys": len(t.static)}
 
 
 @router.get("/admin/usage")

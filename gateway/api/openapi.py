@@ -58,7 +58,7 @@ WHY: dict[int, str] = {
     400: "Invalid request: bad JSON, a field out of range (`param` names it), unsupported by the engine, over the context",
     401: "Missing, wrong, revoked or expired API key (when keys are configured)",
     403: "The route needs a key with role admin (POST /admin/keys also while the gateway has no key at all)",
-    409: "A key with that name exists",
+    409: "A key with that name exists (POST /admin/keys); a key is still active (POST /admin/auth/disable)",
     404: "Unknown model or route",
     408: "The request body did not arrive in time",
     413: "Request body over max_body_bytes",
@@ -124,6 +124,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 operation["requestBody"] = {"required": True, "content": {"application/json": {
                     "schema": {"$ref": f"#/components/schemas/{model}"}}}}
                 responses.update(_errors((400, 409)))
+            if path == "/admin/auth/disable":
+                responses.update(_errors((409,)))
             if path == "/metrics":
                 responses["200"] = {"description": "Prometheus text exposition",
                                     "content": {"text/plain": {"schema": {"type": "string"}}}}

@@ -1,4 +1,4 @@
-"""`enginegate keys create|list|revoke|rotate`: the key store the gateway reads (the same file or
+"""`enginegate keys create|list|revoke|rotate|release-leases|auth-off`: the key store the gateway reads (the same file or
 Redis as `serve` with the same config; no config: $XDG_DATA_HOME/enginegate/keys.sqlite3)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ T = TypeVar("T")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("keys", help="create, list, revoke or rotate API keys (printed once, stored hashed)")
+    p = subparsers.add_parser("keys", help="create, list, revoke or rotate API keys (printed once, stored hashed); reset slots; turn auth off")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     create = actions.add_parser("create", help="a new key: its secret is printed once")
     create.add_argument("name", help="the tenant name (usage, limits and fair scheduling use it)")
@@ -37,9 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                              "none; a request may ask for less, never more (default: default, so only keys "
                              "given priority may use it)")
     for name, text in (("list", "every key (no secrets)"), ("revoke", "the key stops working at once"),
-                       ("rotate", "a new secret for the same name")):
+                       ("rotate", "a new secret for the same name"),
+                       ("release-leases", "end every concurrency slot the key holds (an admin reset)"),
+                       ("auth-off", "turn authentication off again (every key in the store must be revoked first)")):
         sub = actions.add_parser(name, help=text)
-        if name != "list":
+        if name not in ("list", "auth-off"):
             sub.add_argument("name")
     for sub in actions.choices.values():
         sub.add_argument("--config", help="the gateway's YAML config (its tenancy store)")
@@ -76,7 +78,7 @@ def _policy(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from gateway.tenancy.keys import KeyPolicy, new_record, rotated
-    from gateway.tenancy.store import KeyExists, StoreUnavailable
+    from gateway.tenancy.store import KeyExists, KeysActive, StoreUnavailable
 
     try:
         if args.action == "create":
@@ -98,6 +100,15 @@ def run(args: argparse.Namespace) -> int:
                 print(f"enginegate: no active key named {args.name}", file=sys.stderr)
                 return 1
             return _print(revoked.public(), args.json, f"revoked {args.name}: it fails on its next request")
+        if args.action == "release-leases":
+            released = with_store(args.config, lambda store: store.release_leases(args.name))
+            return _print({"name": args.name, "released": released}, args.json,
+                          f"released {released} concurrency slot(s) of {args.name}")
+        if args.action == "auth-off":
+            with_store(args.config, lambda store: store.disable_auth())
+            return _print({"auth_enabled": False}, args.json,
+                          "authentication is off: with no key in the config file, every route of the gateway is open "
+                          "(within a second); `keys create` turns it on again")
 
         async def rotate(store: Any) -> tuple[Any, str] | None:
             current = await store.get(args.name)
@@ -114,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
                       f"rotated {args.name}; the old secret no longer works. The new one, shown only now:\n{done[1]}")
     except KeyExists:
         print(f"enginegate: a key named {args.name} exists (revoke or rotate it)", file=sys.stderr)
+        return 1
+    except KeysActive as exc:
+        print(f"enginegate: the key {exc} is active: revoke every key first (`enginegate keys list`)", file=sys.stderr)
         return 1
     except StoreUnavailable as exc:
         print(f"enginegate: {exc}", file=sys.stderr)

@@ -5,7 +5,14 @@ Store faults: with `on_store_error: closed` (the default) a request that needs t
 503 store_unavailable (static config keys still authenticate); with `open` the last-known keys
 authenticate and limits are not enforced. Usage that cannot be written is kept in memory and
 written when the store answers again; what is still unwritten at shutdown goes to a spool file
-(0600) beside the key store, replayed at the next start."""
+(0600) beside the key store, replayed at the next start.
+
+Every reserve and settle carries the request's id (made here), so the store applies each once and a
+replay is harmless. A request holding a concurrency slot holds a lease that one background task
+renews every LEASE_RENEW_S for all of this process's requests in flight; a settle stops renewing it
+at once, even when the settle itself has to wait in the buffer (the buffered settle releases it when
+written, else it expires), so a dead process's or a lost store's slots come back on their own.
+Neither background task (renewing leases, writing buffered usage) ever stops on an error."""
 
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ import orjson
 from gateway.tenancy.keys import KeyRecord, hash_secret
 from gateway.tenancy.limits import Decision, Limits, Reservation
 from gateway.tenancy.metrics import TenancyMetrics
-from gateway.tenancy.store import KeyStore, Settlement, StoreUnavailable, UsageDelta
+from gateway.tenancy.store import LEASE_RENEW_S, KeyStore, Settlement, StoreUnavailable, UsageDelta
 from gateway.tenancy.ticket import Ticket
 
 log = logging.getLogger("enginegate.tenancy")
@@ -42,7 +49,8 @@ class Refused(Exception):
 
 class Tenancy:
     def __init__(self, store: KeyStore, static: Iterable[tuple[str, KeyRecord]] = (), *, spool: Path | None = None,
-                 on_store_error: Literal["closed", "open"] = "closed", metrics: TenancyMetrics | None = None) -> None:
+                 on_store_error: Literal["closed", "open"] = "closed", metrics: TenancyMetrics | None = None,
+                 lease_renew_s: float = LEASE_RENEW_S) -> None:
         self.store = store
         self.static = {hash_secret(secret): record for secret, record in static}
         self.static_names = {r.name: r for r in self.static.values()}
@@ -53,11 +61,15 @@ class Tenancy:
         self._has_keys: tuple[float, bool] = (-HAS_KEYS_TTL_S, True)  # closed until the store has answered
         self._pending: list[Settlement] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._leases: dict[str, str] = {}  # request id -> key name: the leases of this process's requests in flight
+        self._renewer: asyncio.Task[None] | None = None
+        self.lease_renew_s = lease_renew_s
         self._replayed = False
 
     # -- authentication ------------------------------------------------------------------------
     async def required(self) -> bool:
-        """Keys exist (config or store): every protected route needs one. The store is asked at most once a second."""
+        """Keys are on (a key in the config file, or the store's record that a key was ever made, until
+        `disable_auth`): every protected route needs one. The store is asked at most once a second."""
         if self.static:
             return True
         at, value = self._has_keys
@@ -72,6 +84,12 @@ class Tenancy:
             value = True
         self._has_keys = (time.monotonic(), value)
         return value
+
+    async def disable_auth(self) -> None:
+        """Turn "keys are on" off in the store (raises KeysActive while a key is active); this process
+        sees it at once. Keys in the config file still authenticate and keep every route closed."""
+        await self.store.disable_auth()
+        self._has_keys = (time.monotonic(), False)
 
     async def authenticate(self, token: bytes) -> KeyRecord | None:
         """The active, unexpired key with this secret, or None. Raises StoreUnavailable (fail closed)."""
@@ -113,12 +131,30 @@ class Tenancy:
                 self.metrics.rejected(record.name, model, decision.refused or "")
             await self._write([Settlement(request_id, record.name, None, 0, False, _usage(record.name, model, rejected=1))])
             raise Refused(decision)
+        if limits.concurrency:
+            self._leases[request_id] = record.name
+            if self._renewer is None or self._renewer.done():
+                self._renewer = asyncio.create_task(self._renew_loop())
         return Ticket(record.name, model, limits, decision, charged=cost, estimate=charge.prompt, request_id=request_id)
+
+    async def _renew_loop(self) -> None:
+        """Renew every lease held here, in one store call per round; runs until close()."""
+        while True:
+            await asyncio.sleep(self.lease_renew_s)
+            leases = [(name, request_id) for request_id, name in self._leases.items()]
+            if not leases:
+                continue
+            try:
+                await self.store.renew(leases)
+            except Exception as exc:  # never stop renewing: a lease missed once may still be renewed in time
+                log.warning("renewing %d concurrency lease(s) failed (%s: %s); trying again in %gs",
+                            len(leases), type(exc).__name__, exc, self.lease_renew_s)
 
     async def settle(self, ticket: Ticket, failed: bool, engine_s: float) -> None:
         if ticket.settled:
             return
         ticket.settled = True
+        self._leases.pop(ticket.request_id, None)  # its lease is released by the settle, or expires
         prompt = ticket.prompt_used
         completion = ticket.completion_tokens or ticket.streamed_events
         usage = _usage(ticket.name, ticket.model, requests=1, prompt_tokens=prompt, completion_tokens=completion,
@@ -135,8 +171,11 @@ class Tenancy:
             return
         try:
             await self.store.settle(settlements)
-        except StoreUnavailable as exc:
-            log.warning("%s: usage kept in memory until it answers", exc)
+        except Exception as exc:  # whatever the store says, the usage is kept and written later
+            if isinstance(exc, StoreUnavailable):
+                log.warning("%s: usage kept in memory until it answers", exc)
+            else:
+                log.exception("writing usage failed: kept in memory, tried again every %gs", FLUSH_INTERVAL_S)
             self._pending.extend(settlements)
             if self._flusher is None or self._flusher.done():
                 self._flusher = asyncio.create_task(self._flush_loop())
@@ -144,7 +183,10 @@ class Tenancy:
     async def _flush_loop(self) -> None:
         while self._pending:
             await asyncio.sleep(FLUSH_INTERVAL_S)
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:  # flush handles the store's errors; this loop outlives any other
+                log.exception("writing buffered usage failed; trying again in %gs", FLUSH_INTERVAL_S)
 
     async def flush(self) -> bool:
         """Write what is buffered; True when nothing is left."""
@@ -152,8 +194,11 @@ class Tenancy:
         if not batch:
             return True
         try:
-            await self.store.settle(batch)
+            await self.store.settle(batch)  # safe to repeat: the store applies each request id once
         except StoreUnavailable:
+            return False
+        except Exception:  # a store bug must not lose usage (close() spools what is left)
+            log.exception("writing %d buffered usage record(s) failed", len(batch))
             return False
         del self._pending[:len(batch)]
         log.info("wrote %d buffered usage record(s) to the key store", len(batch))
@@ -165,10 +210,11 @@ class Tenancy:
 
     async def close(self) -> None:
         """At shutdown: write the buffer, else spool it to a file; nothing is lost."""
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
+        for task in (self._flusher, self._renewer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if not await self.flush() and self.spool is not None:
             self._spool_out(self._pending)
             self._pending.clear()

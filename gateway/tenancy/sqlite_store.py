@@ -6,7 +6,12 @@ reserve, settle) runs on the event loop's own connection, which never waits: in 
 never waits for a writer; a write that finds the file locked (busy timeout 0) is handed to the
 worker thread, which waits for the lock there; commits do not fsync (synchronous=NORMAL) and the
 WAL checkpoint (which does) runs on the worker thread. A thread hop per call cost more than the
-queries themselves (benchmarks/tenancy_overhead.py)."""
+queries themselves (benchmarks/tenancy_overhead.py).
+
+Accounting is idempotent: `applied` holds the request ids already reserved (`r:ID`) and settled
+(`s:ID`), pruned after APPLIED_KEEP_MS; a concurrency slot is a row of `leases` that expires
+unless renewed. `meta` holds "keys are on" (`auth`: 1 or 0); a file written before it existed
+counts as on when it holds any key record, revoked or not."""
 
 from __future__ import annotations
 
@@ -25,12 +30,20 @@ import orjson
 
 from gateway.tenancy.keys import KeyRecord
 from gateway.tenancy.limits import Counters, Decision, Limits, check
-from gateway.tenancy.store import USAGE_FIELDS, KeyExists, Settlement, StoreUnavailable
+from gateway.tenancy.store import (
+    APPLIED_KEEP_MS,
+    LEASE_TTL_MS,
+    USAGE_FIELDS,
+    KeyExists,
+    KeysActive,
+    Settlement,
+    StoreUnavailable,
+)
 
 T = TypeVar("T")
 BUSY_TIMEOUT_S = 5.0
+PRUNE_EVERY = 256  # settle transactions between two prunings of the applied request ids (the first one prunes)
 CHECKPOINT_EVERY = 256  # commits on the loop's connection between two checkpoints (on the worker thread)
-INFLIGHT_STALE_MS = 3600_000  # a process that died holding slots: its counts expire after an idle hour
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS keys (
     name TEXT PRIMARY KEY,
@@ -41,7 +54,12 @@ CREATE TABLE IF NOT EXISTS windows (
     name TEXT NOT NULL, kind TEXT NOT NULL, started_ms INTEGER NOT NULL, count INTEGER NOT NULL,
     PRIMARY KEY (name, kind)
 );
-CREATE TABLE IF NOT EXISTS inflight (name TEXT PRIMARY KEY, count INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT NOT NULL, request_id TEXT NOT NULL, expires_ms INTEGER NOT NULL, PRIMARY KEY (name, request_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS applied (id TEXT PRIMARY KEY, at_ms INTEGER NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS applied_at ON applied (at_ms);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS budgets (
     name TEXT NOT NULL, period TEXT NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (name, period)
 );
@@ -53,6 +71,9 @@ CREATE TABLE IF NOT EXISTS usage (
     PRIMARY KEY (name, day, model)
 );
 """
+
+
+_SET_AUTH = "INSERT INTO meta (key, value) VALUES ('auth', ?1) ON CONFLICT (key) DO UPDATE SET value = ?1"
 
 
 def default_keys_path() -> Path:
@@ -103,12 +124,14 @@ def _transaction(db: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]
 
 
 class SQLiteKeyStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, lease_ttl_ms: int = LEASE_TTL_MS) -> None:
         self.path = path
+        self.lease_ttl_ms = lease_ttl_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="enginegate-keys")
         self._db: sqlite3.Connection | None = None
         self._loop_db: sqlite3.Connection | None = None
         self._commits = 0
+        self._settles = 0
 
     # -- the worker thread -------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -198,9 +221,22 @@ class SQLiteKeyStore:
         def run() -> bool:
             if self._db is None and not self.path.exists():
                 return False  # nothing made yet: no file is created until a key or a usage record is written
-            return self._conn().execute("SELECT 1 FROM keys WHERE secret_hash IS NOT NULL LIMIT 1").fetchone() is not None
+            db = self._conn()
+            row = db.execute("SELECT value FROM meta WHERE key = 'auth'").fetchone()
+            if row is not None:
+                return bool(row[0] == "1")
+            return db.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is not None  # a file from before the flag
 
         return await self._run(run)
+
+    async def disable_auth(self) -> None:
+        def body(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT name FROM keys WHERE secret_hash IS NOT NULL ORDER BY name LIMIT 1").fetchone()
+            if row is not None:
+                raise KeysActive(row[0])
+            db.execute(_SET_AUTH, ("0",))
+
+        await self._run(self._tx, body)
 
     async def list(self) -> list[KeyRecord]:
         def run() -> list[KeyRecord]:
@@ -217,6 +253,7 @@ class SQLiteKeyStore:
                 raise KeyExists(record.name)
             db.execute("INSERT OR REPLACE INTO keys (name, secret_hash, record) VALUES (?, ?, ?)",
                        (record.name, record.secret_hash, orjson.dumps(record.to_json())))
+            db.execute(_SET_AUTH, ("1",))
 
         await self._run(self._tx, body)
 
@@ -240,7 +277,7 @@ class SQLiteKeyStore:
 
     # -- limits ------------------------------------------------------------------------------
     async def reserve(self, name: str, limits: Limits, cost: int, request_id: str) -> Decision:
-        return await self._write(lambda db: self._reserve(db, name, limits, cost))
+        return await self._write(lambda db: self._reserve(db, name, limits, cost, request_id))
 
     @staticmethod
     def _window(db: sqlite3.Connection, name: str, kind: str, now_ms: int, window_ms: int) -> tuple[int, int]:
@@ -259,19 +296,22 @@ class SQLiteKeyStore:
             "started_ms = CASE WHEN ?3 - started_ms >= ?5 THEN ?3 ELSE started_ms END",
             (name, kind, now_ms, n, window_ms))
 
-    def _reserve(self, db: sqlite3.Connection, name: str, limits: Limits, cost: int) -> Decision:
+    def _reserve(self, db: sqlite3.Connection, name: str, limits: Limits, cost: int, request_id: str) -> Decision:
         now_ms = int(time.time() * 1000)
+        replay = db.execute("SELECT 1 FROM applied WHERE id = ?", ("r:" + request_id,)).fetchone() is not None
         requests, requests_reset = self._window(db, name, "requests", now_ms, limits.window_ms) if limits.rpm else (0, 0)
         tokens, tokens_reset = self._window(db, name, "tokens", now_ms, limits.window_ms) if limits.tpm else (0, 0)
         inflight = 0
         if limits.concurrency:
-            row = db.execute("SELECT count, updated_ms FROM inflight WHERE name = ?", (name,)).fetchone()
-            inflight = int(row[0]) if row and now_ms - row[1] < INFLIGHT_STALE_MS else 0
+            db.execute("DELETE FROM leases WHERE name = ? AND expires_ms <= ?", (name, now_ms))
+            inflight = int(db.execute("SELECT count(*) FROM leases WHERE name = ?", (name,)).fetchone()[0])
         used = 0
         if limits.budget:
             row = db.execute("SELECT used FROM budgets WHERE name = ? AND period = ?", (name, limits.budget_period)).fetchone()
             used = int(row[0]) if row else 0
         found = Counters(requests, requests_reset, tokens, tokens_reset, inflight, used)
+        if replay:
+            return Decision(limits, found)  # charged once already: admitted as it was
         refused = check(limits, found, cost)
         if refused is not None:
             return Decision(limits, found, refused)
@@ -280,10 +320,11 @@ class SQLiteKeyStore:
         if limits.tpm:
             self._add_window(db, name, "tokens", now_ms, limits.window_ms, cost)
         if limits.concurrency:
-            db.execute("INSERT INTO inflight (name, count, updated_ms) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
-                       "SET count = excluded.count, updated_ms = excluded.updated_ms", (name, inflight + 1, now_ms))
+            db.execute("INSERT OR REPLACE INTO leases (name, request_id, expires_ms) VALUES (?, ?, ?)",
+                       (name, request_id, now_ms + self.lease_ttl_ms))
         if limits.budget:
             self._add_budget(db, name, limits.budget_period, cost)
+        db.execute("INSERT OR IGNORE INTO applied (id, at_ms) VALUES (?, ?)", ("r:" + request_id, now_ms))
         return Decision(limits, Counters(requests + 1, requests_reset, tokens + cost, tokens_reset, inflight + 1, used + cost))
 
     @staticmethod
@@ -294,12 +335,17 @@ class SQLiteKeyStore:
     async def settle(self, settlements: list[Settlement]) -> None:
         def body(db: sqlite3.Connection) -> None:
             now_ms = int(time.time() * 1000)
+            self._settles += 1
+            if self._settles % PRUNE_EVERY == 1:
+                db.execute("DELETE FROM applied WHERE at_ms < ?", (now_ms - APPLIED_KEEP_MS,))
             for s in settlements:
+                if db.execute("INSERT OR IGNORE INTO applied (id, at_ms) VALUES (?, ?)",
+                              ("s:" + s.request_id, now_ms)).rowcount == 0:
+                    continue  # applied before (a replay after a timeout, or a spool written twice)
+                if s.release:
+                    db.execute("DELETE FROM leases WHERE name = ? AND request_id = ?", (s.name, s.request_id))
                 limits = s.limits
                 if limits is not None:
-                    if s.release and limits.concurrency:
-                        db.execute("UPDATE inflight SET count = max(count - 1, 0), updated_ms = ? WHERE name = ?",
-                                   (now_ms, s.name))
                     if s.token_delta and limits.tpm:
                         self._add_window(db, s.name, "tokens", now_ms, limits.window_ms, s.token_delta)
                     if s.token_delta and limits.budget:
@@ -312,6 +358,26 @@ class SQLiteKeyStore:
                            (u.name, u.model, u.day, *values))
 
         await self._write(body)
+
+    async def renew(self, leases: list[tuple[str, str]]) -> None:
+        if not leases:
+            return
+
+        def body(db: sqlite3.Connection) -> None:
+            now_ms = int(time.time() * 1000)
+            db.executemany("UPDATE leases SET expires_ms = ? WHERE name = ? AND request_id = ? AND expires_ms > ?",
+                           [(now_ms + self.lease_ttl_ms, name, rid, now_ms) for name, rid in leases])
+
+        await self._write(body)
+
+    async def release_leases(self, name: str) -> int:
+        def body(db: sqlite3.Connection) -> int:
+            now_ms = int(time.time() * 1000)
+            live = int(db.execute("SELECT count(*) FROM leases WHERE name = ? AND expires_ms > ?", (name, now_ms)).fetchone()[0])
+            db.execute("DELETE FROM leases WHERE name = ?", (name,))
+            return live
+
+        return await self._run(self._tx, body)
 
     async def usage(self, name: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
         def run() -> list[dict[str, Any]]:

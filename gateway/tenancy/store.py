@@ -13,6 +13,7 @@ so a dead gateway's slots come back within a minute; `release_leases` is the adm
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -26,6 +27,10 @@ class StoreUnavailable(Exception):
 
 class KeyExists(Exception):
     pass
+
+
+class KeysActive(Exception):
+    """`disable_auth` refused: an unrevoked key is still in the store (revoke every key first)."""
 
 
 LEASE_TTL_MS = 30_000
@@ -76,7 +81,8 @@ class Settlement:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Settlement:
         limits = Limits(**data["limits"]) if data.get("limits") else None
-        return cls(str(data["request_id"]), data["name"], limits, int(data["token_delta"]), bool(data["release"]), UsageDelta(**data["usage"]))
+        request_id = str(data.get("request_id") or f"spool-{uuid.uuid4().hex}")  # a spool from before ids: applied once
+        return cls(request_id, data["name"], limits, int(data["token_delta"]), bool(data["release"]), UsageDelta(**data["usage"]))
 
 
 class KeyStore(Protocol):
@@ -90,7 +96,8 @@ class KeyStore(Protocol):
         ...
 
     async def disable_auth(self) -> None:
-        """The explicit admin act that turns "keys are on" off again (every key must be revoked first)."""
+        """The explicit admin act that turns "keys are on" off again (every key must be revoked
+        first: raises KeysActive otherwise). Creating a key turns it on again."""
         ...
 
     async def create(self, record: KeyRecord) -> None:

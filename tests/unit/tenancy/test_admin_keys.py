@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.runtime import runtime_for_adapters
+from gateway.tenancy.keys import KeyPolicy
 from tests.fakes import EchoAdapter
 
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
@@ -49,3 +50,34 @@ def test_admin_makes_lists_and_revokes_keys(tmp_path: Path) -> None:
         assert c.post("/admin/keys/team-a/revoke", headers=admin).status_code == 200
         assert c.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {rotated}"}).status_code == 401
         assert c.post("/admin/keys/team-a/revoke", headers=admin).status_code == 404
+
+
+def test_admin_resets_a_keys_slots_and_turns_auth_off_only_once_every_key_is_revoked(tmp_path: Path) -> None:
+    import asyncio
+
+    from gateway.tenancy.limits import Limits
+    from gateway.tenancy.sqlite_store import SQLiteKeyStore
+
+    admin = {"Authorization": "Bearer root-key"}
+    with client(tmp_path, api_keys=({"key": "root-key", "role": "admin", "name": "root"},)) as c:
+        made = c.post("/admin/keys", json={"name": "one-at-a-time", "max_concurrency": 1}, headers=admin).json()
+        user = {"Authorization": f"Bearer {made['key']}"}
+
+        async def hold() -> None:  # a gateway that died holding the key's only slot
+            other = SQLiteKeyStore(tmp_path / "keys.sqlite3")
+            assert (await other.reserve("one-at-a-time", Limits.of(KeyPolicy(max_concurrency=1), 0.0), 1, "dead")).admitted
+            await other.close()
+
+        asyncio.run(hold())
+        assert c.post("/v1/chat/completions", json=CHAT, headers=user).status_code == 429
+        assert c.post("/admin/keys/one-at-a-time/release-leases", headers=user).status_code == 403
+        r = c.post("/admin/keys/one-at-a-time/release-leases", headers=admin)
+        assert r.status_code == 200 and r.json() == {"name": "one-at-a-time", "released": 1}
+        assert c.post("/v1/chat/completions", json=CHAT, headers=user).status_code == 200
+
+        refused = c.post("/admin/auth/disable", headers=admin)
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "keys_active"
+        assert c.post("/admin/keys/one-at-a-time/revoke", headers=admin).status_code == 200
+        r = c.post("/admin/auth/disable", headers=admin)
+        assert r.status_code == 200 and r.json() == {"auth_enabled": True, "config_keys": 1}  # the config's key still rules
+        assert c.post("/v1/chat/completions", json=CHAT).status_code == 401

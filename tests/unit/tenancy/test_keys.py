@@ -51,7 +51,7 @@ async def test_key_lifecycle(store: KeyStore) -> None:
     assert revoked is not None and revoked.revoked_at == 5.0
     assert await store.lookup(hash_secret(new_secret)) is None
     assert await store.revoke("team-a", 6.0) is None and await store.replace_secret("team-a", "x") is None
-    assert not await store.auth_enabled()
+    assert await store.auth_enabled()  # revoking the last key does not turn authentication off
     assert [r.name for r in await store.list()] == ["team-a"]
     await store.create(new_record("team-a", KeyPolicy())[0])  # a revoked name may be taken again
 
@@ -144,4 +144,118 @@ async def test_a_locked_sqlite_file_is_waited_for_off_the_event_loop(tmp_path: P
     ticker.cancel()
     assert decision.admitted and ticks >= 10  # the loop kept running while the reserve waited for the lock
     other.close()
+    await store.close()
+
+
+async def test_a_sqlite_file_from_before_the_flag_with_only_revoked_keys_still_requires_keys(tmp_path: Path) -> None:
+    import sqlite3
+
+    import orjson
+
+    path = tmp_path / "keys.sqlite3"
+    record = new_record("gone", KeyPolicy(role="admin"))[0]
+    old = sqlite3.connect(path)  # the previous version's schema: keys, no meta table
+    old.execute("CREATE TABLE keys (name TEXT PRIMARY KEY, secret_hash TEXT UNIQUE, record BLOB NOT NULL)")
+    old.execute("INSERT INTO keys VALUES (?, NULL, ?)", ("gone", orjson.dumps({**record.to_json(), "revoked_at": 1.0})))
+    old.commit()
+    old.close()
+    store = SQLiteKeyStore(path)
+    assert await store.auth_enabled()
+    await store.disable_auth()
+    assert not await store.auth_enabled()
+    await store.close()
+    assert not await (empty := SQLiteKeyStore(tmp_path / "none.sqlite3")).auth_enabled()
+    await empty.close()
+
+
+async def test_a_redis_store_from_before_the_flag_with_only_revoked_keys_still_requires_keys(redis: RedisServer) -> None:
+    import orjson
+    import redis as redis_client
+
+    prefix = f"t{uuid.uuid4().hex}:"
+    record = new_record("gone", KeyPolicy(role="admin"))[0]
+    with redis_client.Redis.from_url(redis.url) as raw:  # what the previous version left: a revoked record, no flag
+        raw.hset(prefix + "keys", "gone", orjson.dumps({**record.to_json(), "revoked_at": 1.0}))
+    store = RedisKeyStore(redis.url, prefix)
+    assert await store.auth_enabled()
+    await store.disable_auth()
+    assert not await store.auth_enabled()
+    await store.close()
+
+
+async def test_sqlite_forgets_applied_request_ids_after_a_day(tmp_path: Path) -> None:
+    import sqlite3
+    import time
+
+    from gateway.tenancy.store import APPLIED_KEEP_MS, Settlement, UsageDelta
+
+    store = SQLiteKeyStore(tmp_path / "keys.sqlite3")
+    usage = UsageDelta("p", "m", "2026-12-01", requests=1)
+    await store.settle([Settlement("old", "p", None, 0, False, usage)])
+    db = sqlite3.connect(store.path)
+    db.execute("UPDATE applied SET at_ms = ?", (int(time.time() * 1000) - APPLIED_KEEP_MS - 1,))
+    db.commit()
+    await store.close()
+    store = SQLiteKeyStore(store.path)  # a gateway's first settle prunes (then one in PRUNE_EVERY)
+    await store.settle([Settlement("new", "p", None, 0, False, usage)])
+    assert [r[0] for r in db.execute("SELECT id FROM applied")] == ["s:new"]
+    db.close()
+    await store.close()
+
+
+@pytest.mark.parametrize("fault", ["oom", "readonly"])
+async def test_a_redis_error_reply_is_store_unavailable(redis: RedisServer, fault: str) -> None:
+    import redis as redis_client
+
+    from gateway.tenancy.limits import Limits
+    from gateway.tenancy.store import Settlement, UsageDelta
+
+    prefix = f"t{uuid.uuid4().hex}:"
+    store = RedisKeyStore(redis.url, prefix, timeout_s=0.5)
+    record, secret = new_record("f", KeyPolicy(max_concurrency=2))
+    await store.create(record)
+    assert (await store.reserve("f", Limits.of(record.policy, 0.0), 1, "r0")).admitted
+    lim = Limits.of(record.policy, 0.0)
+    raw = redis_client.Redis.from_url(redis.url)
+    dead = __import__("adapters.process", fromlist=["free_port"]).free_port()
+    raw.execute_command(*(("CONFIG", "SET", "maxmemory", "1") if fault == "oom" else ("REPLICAOF", "127.0.0.1", str(dead))))
+    try:
+        assert (await store.lookup(hash_secret(secret))) == record  # reads still answer
+        for call in (lambda: store.reserve("f", lim, 1, "r1"), lambda: store.create(new_record("g", KeyPolicy())[0]),
+                     lambda: store.settle([Settlement("r0", "f", lim, 0, True, UsageDelta("f", "m", "2026-12-01"))])):
+            with pytest.raises(StoreUnavailable, match="maxmemory|read only"):
+                await call()
+    finally:
+        raw.execute_command(*(("CONFIG", "SET", "maxmemory", "0") if fault == "oom" else ("REPLICAOF", "NO", "ONE")))
+        raw.close()
+    assert (await store.reserve("f", lim, 1, "r1")).admitted
+    await store.close()
+
+
+async def test_pooled_connections_left_from_before_a_redis_restart_are_retried(redis: RedisServer) -> None:
+    import asyncio
+
+    from gateway.tenancy.limits import Limits
+
+    prefix = f"t{uuid.uuid4().hex}:"
+    store = RedisKeyStore(redis.url, prefix, timeout_s=0.5)
+    record, secret = new_record("r", KeyPolicy(rpm=1000))
+    await store.create(record)
+    lim = Limits.of(record.policy, 0.0)
+
+    async def burst(round_: int) -> list[str]:
+        async def one(i: int) -> str:
+            try:
+                assert await store.lookup(hash_secret(secret)) == record
+                return "ok" if (await store.reserve("r", lim, 1, f"{round_}-{i}")).admitted else "refused"
+            except StoreUnavailable as exc:
+                return str(exc)
+
+        return await asyncio.gather(*(one(i) for i in range(10)))  # ten connections in the pool
+
+    assert await burst(0) == ["ok"] * 10
+    for round_ in (1, 2):
+        redis.kill()
+        redis.start()  # the same port, its data kept (append-only file): every pooled connection is dead
+        assert await burst(round_) == ["ok"] * 10
     await store.close()

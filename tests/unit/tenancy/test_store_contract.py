@@ -1,0 +1,199 @@
+"""The KeyStore contract (gateway/tenancy/store.py) as one table of tests, run against every store in
+STORES: idempotent reserve and settle, leases that expire unless renewed, the admin reset, "keys are
+on" as a recorded fact, and exact concurrency across two clients on the same data (two gateways).
+
+A new store joins with one line in STORES: a function of (request, tmp_path) answering a maker of
+store clients on one shared, empty data set (`make(lease_ttl_ms)` -> a new client)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gateway.tenancy.keys import KeyPolicy, new_record
+from gateway.tenancy.limits import Limits
+from gateway.tenancy.redis_store import RedisKeyStore
+from gateway.tenancy.sqlite_store import SQLiteKeyStore
+from gateway.tenancy.store import KeysActive, KeyStore, Settlement, UsageDelta
+from tests.redis_server import RedisServer, redis_server
+
+NOW = 1_796_165_000.0  # 2026-12-01
+SHORT_TTL_MS = 400  # the lease tests' expiry (LEASE_TTL_MS is 30 s in production)
+Maker = Callable[[int], Any]
+
+
+def sqlite_store(request: pytest.FixtureRequest, tmp_path: Path) -> Maker:
+    path = tmp_path / "keys.sqlite3"
+    return lambda ttl: SQLiteKeyStore(path, lease_ttl_ms=ttl)
+
+
+def redis_store(request: pytest.FixtureRequest, tmp_path: Path) -> Maker:
+    server: RedisServer = request.getfixturevalue("redis")
+    prefix = f"t{uuid.uuid4().hex}:"
+    return lambda ttl: RedisKeyStore(server.url, prefix, lease_ttl_ms=ttl)
+
+
+STORES: dict[str, Callable[[pytest.FixtureRequest, Path], Maker]] = {
+    "sqlite": sqlite_store,
+    "redis": redis_store,
+}
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+class Clients:
+    """Store clients on one data set, as several gateway processes have; closed at the test's end."""
+
+    def __init__(self, maker: Maker) -> None:
+        self.maker = maker
+        self.made: list[Any] = []
+
+    def __call__(self, lease_ttl_ms: int = 30_000) -> KeyStore:
+        store = self.maker(lease_ttl_ms)
+        self.made.append(store)
+        return store  # type: ignore[no-any-return]
+
+
+@pytest_asyncio.fixture(params=list(STORES))
+async def clients(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Clients]:
+    made = Clients(STORES[request.param](request, tmp_path))
+    yield made
+    for store in made.made:
+        await store.close()
+
+
+def limits(**fields: Any) -> Limits:
+    return Limits.of(KeyPolicy(**fields), NOW)
+
+
+def settlement(request_id: str, name: str, lim: Limits | None, delta: int = 0, release: bool = True) -> Settlement:
+    return Settlement(request_id, name, lim, delta, release,
+                      UsageDelta(name, "m", "2026-12-01", requests=1, prompt_tokens=4, completion_tokens=delta))
+
+
+async def test_a_replayed_reserve_is_admitted_without_a_second_charge(clients: Clients) -> None:
+    a, b = clients(), clients()
+    lim = limits(rpm=2, tpm=1000, budget_tokens=100, max_concurrency=5)
+    first = await a.reserve("k", lim, 10, "r1")
+    again = await b.reserve("k", lim, 10, "r1")  # the same id, from the other client: a retry after a timeout
+    assert first.admitted and again.admitted
+    assert (again.counters.requests, again.counters.tokens, again.counters.inflight, again.counters.budget_used) == (1, 10, 1, 10)
+    second = await a.reserve("k", lim, 10, "r2")
+    assert second.admitted and second.counters.requests == 2 and second.counters.budget_used == 20
+    assert (await a.reserve("k", lim, 10, "r3")).refused == "requests"  # the replay took no request of the two
+
+
+async def test_a_replayed_settle_changes_nothing(clients: Clients) -> None:
+    a, b = clients(), clients()
+    lim = limits(max_concurrency=2, budget_tokens=100)
+    assert (await a.reserve("s", lim, 10, "r1")).admitted and (await a.reserve("s", lim, 10, "r2")).admitted
+    done = settlement("r1", "s", lim, delta=5)
+    await a.settle([done])
+    await b.settle([done])
+    await a.settle([done, done])  # twice in one batch too (a spool replayed after a flush that did write)
+    third = await b.reserve("s", lim, 10, "r3")
+    assert third.admitted and third.counters.inflight == 2  # r1's slot freed once: r2's is still held
+    assert third.counters.budget_used == 10 + 10 + 5 + 10  # r1's 5 tokens added once
+    assert (await a.reserve("s", lim, 10, "r4")).refused == "concurrency"
+    rows = await a.usage("s")
+    assert [(r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [(1, 4, 5)]
+
+
+async def test_a_refusal_settled_under_the_reserves_id_is_written_once(clients: Clients) -> None:
+    a = clients()
+    lim = limits(rpm=1)
+    assert (await a.reserve("q", lim, 1, "ok")).admitted
+    assert (await a.reserve("q", lim, 1, "no")).refused == "requests"
+    rejected = Settlement("no", "q", None, 0, False, UsageDelta("q", "m", "2026-12-01", rejected=1))
+    await a.settle([rejected])
+    await a.settle([rejected])
+    await a.settle([settlement("ok", "q", lim, release=False)])  # the reserve's id does not block its settle
+    rows = await a.usage("q")
+    assert [(r["requests"], r["rejected"]) for r in rows] == [(1, 1)]
+
+
+async def test_a_lease_not_renewed_expires(clients: Clients) -> None:
+    a, b = clients(SHORT_TTL_MS), clients(SHORT_TTL_MS)
+    lim = limits(max_concurrency=1)
+    assert (await a.reserve("l", lim, 1, "r1")).admitted  # and its client dies: never settled, never renewed
+    assert (await b.reserve("l", lim, 1, "r2")).refused == "concurrency"
+    await asyncio.sleep(SHORT_TTL_MS / 1000 + 0.15)
+    back = await b.reserve("l", lim, 1, "r3")
+    assert back.admitted and back.counters.inflight == 1
+
+
+async def test_a_renewed_lease_is_kept_and_expires_once_renewing_stops(clients: Clients) -> None:
+    a, b = clients(SHORT_TTL_MS), clients(SHORT_TTL_MS)
+    lim = limits(max_concurrency=1)
+    assert (await a.reserve("n", lim, 1, "r1")).admitted
+    for _ in range(4):  # 0.8 s in all, twice the expiry
+        await asyncio.sleep(SHORT_TTL_MS / 2000)
+        await a.renew([("n", "r1"), ("n", "unknown"), ("other", "r1")])
+    assert (await b.reserve("n", lim, 1, "r2")).refused == "concurrency"
+    await a.renew([])
+    await asyncio.sleep(SHORT_TTL_MS / 1000 + 0.15)
+    assert (await b.reserve("n", lim, 1, "r3")).admitted
+
+
+async def test_an_expired_lease_is_not_brought_back_by_renew(clients: Clients) -> None:
+    a = clients(SHORT_TTL_MS)
+    lim = limits(max_concurrency=1)
+    assert (await a.reserve("e", lim, 1, "r1")).admitted
+    await asyncio.sleep(SHORT_TTL_MS / 1000 + 0.15)
+    assert (await a.reserve("e", lim, 1, "r2")).admitted  # r1's slot went back
+    await a.renew([("e", "r1")])  # r1's gateway wakes up: it gets no second slot
+    assert (await a.reserve("e", lim, 1, "r3")).refused == "concurrency"
+
+
+async def test_release_leases_ends_one_tenants_leases(clients: Clients) -> None:
+    a, b = clients(), clients()
+    lim, one = limits(max_concurrency=2), limits(max_concurrency=1)
+    assert all([(await a.reserve("t", lim, 1, f"t{i}")).admitted for i in range(2)])
+    assert (await a.reserve("other", one, 1, "o1")).admitted
+    assert await b.release_leases("t") == 2
+    assert await b.release_leases("t") == 0 and await b.release_leases("nobody") == 0
+    assert (await a.reserve("t", lim, 1, "t2")).admitted and (await a.reserve("t", lim, 1, "t3")).admitted
+    await a.settle([settlement("t0", "t", lim)])  # a settle of a lease the reset ended frees no other
+    assert (await a.reserve("t", lim, 1, "t4")).refused == "concurrency"
+    assert (await b.reserve("other", one, 1, "o2")).refused == "concurrency"  # the other tenant's lease is untouched
+
+
+async def test_keys_are_on_from_the_first_key_until_disable_auth(clients: Clients) -> None:
+    a, b = clients(), clients()
+    assert not await a.auth_enabled()
+    record, _ = new_record("only", KeyPolicy(role="admin"))
+    await a.create(record)
+    assert await a.auth_enabled() and await b.auth_enabled()
+    with pytest.raises(KeysActive):
+        await b.disable_auth()
+    assert await a.auth_enabled()
+    assert await a.revoke("only", 1.0) is not None
+    assert await a.auth_enabled() and await b.auth_enabled()  # every key revoked: keys are still required
+    await b.disable_auth()
+    assert not await a.auth_enabled() and not await b.auth_enabled()
+    await b.disable_auth()  # twice: still off, no error
+    await a.create(new_record("again", KeyPolicy())[0])
+    assert await b.auth_enabled()
+
+
+async def test_concurrency_is_exact_under_a_burst_from_two_clients(clients: Clients) -> None:
+    a, b = clients(), clients()
+    lim = limits(max_concurrency=5)
+    ids = [f"c{i}" for i in range(40)]
+    decisions = await asyncio.gather(*(([a, b][i % 2]).reserve("c", lim, 1, rid) for i, rid in enumerate(ids)))
+    admitted = [rid for rid, d in zip(ids, decisions, strict=True) if d.admitted]
+    assert len(admitted) == 5
+    assert sorted(d.counters.inflight for d in decisions if d.admitted) == [1, 2, 3, 4, 5]
+    await asyncio.gather(*(([a, b][i % 2]).settle([settlement(rid, "c", lim)]) for i, rid in enumerate(admitted)))
+    again = await asyncio.gather(*(([a, b][i % 2]).reserve("c", lim, 1, f"d{i}") for i in range(20)))
+    assert sum(d.admitted for d in again) == 5
