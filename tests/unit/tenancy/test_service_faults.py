@@ -13,6 +13,7 @@ import pytest
 
 from gateway.tenancy import service
 from gateway.tenancy.keys import KeyPolicy, new_record
+from gateway.tenancy.limits import Reservation
 from gateway.tenancy.service import Refused, Tenancy
 from gateway.tenancy.sqlite_store import SQLiteKeyStore
 from gateway.tenancy.store import Settlement, StoreUnavailable
@@ -49,12 +50,12 @@ async def test_the_heartbeat_keeps_a_running_requests_slot(tmp_path: Path) -> No
     record = new_record("hb", KeyPolicy(max_concurrency=1))[0]
     here = Tenancy(SQLiteKeyStore(tmp_path / "k.sqlite3", lease_ttl_ms=TTL_MS), lease_renew_s=TTL_MS / 4000)
     other = Tenancy(SQLiteKeyStore(tmp_path / "k.sqlite3", lease_ttl_ms=TTL_MS))  # another gateway on the file
-    ticket = await here.reserve(record, "m", {})
+    ticket = await here.reserve(record, "m", Reservation(1, 0))
     await asyncio.sleep(3 * TTL_MS / 1000)  # three expiries: only the heartbeat keeps it
     with pytest.raises(Refused):
-        await other.reserve(record, "m", {})
+        await other.reserve(record, "m", Reservation(1, 0))
     await here.settle(ticket, failed=False, engine_s=0.0)
-    assert (await other.reserve(record, "m", {})).decision is not None
+    assert (await other.reserve(record, "m", Reservation(1, 0))).decision is not None
     await here.close()
     await other.close()
 
@@ -66,13 +67,13 @@ async def test_a_buffered_settle_lets_its_lease_expire_and_the_flush_writes_it_o
     store = FaultyStore(SQLiteKeyStore(tmp_path / "k.sqlite3", lease_ttl_ms=TTL_MS))
     here = Tenancy(store, lease_renew_s=TTL_MS / 4000)  # type: ignore[arg-type]
     other = Tenancy(SQLiteKeyStore(tmp_path / "k.sqlite3", lease_ttl_ms=TTL_MS))
-    ticket = await here.reserve(record, "m", {})
+    ticket = await here.reserve(record, "m", Reservation(1, 0))
     store.settle_faults = [StoreUnavailable("down")] * 1000  # the store stays down for the settle and the flushes
     ticket.record(3, 4)
     await here.settle(ticket, failed=False, engine_s=0.0)
     assert here.pending == 1
     await asyncio.sleep(TTL_MS / 1000 + 0.2)
-    assert (await other.reserve(record, "m", {})).decision is not None  # no longer renewed: the slot came back
+    assert (await other.reserve(record, "m", Reservation(1, 0))).decision is not None  # no longer renewed: the slot came back
     store.settle_faults.clear()
     await wait_for(lambda: here.pending == 0, "the buffered settle was never written")
     rows = await other.store.usage("buf")
@@ -88,7 +89,7 @@ async def test_the_flusher_outlives_an_exception_other_than_store_unavailable(tm
     record = new_record("fl", KeyPolicy(rpm=100))[0]
     store = FaultyStore(SQLiteKeyStore(tmp_path / "k.sqlite3"))
     tenancy = Tenancy(store)  # type: ignore[arg-type]
-    ticket = await tenancy.reserve(record, "m", {})
+    ticket = await tenancy.reserve(record, "m", Reservation(1, 0))
     store.settle_faults = [StoreUnavailable("down"), fault, fault, StoreUnavailable("down"), fault]
     await tenancy.settle(ticket, failed=False, engine_s=0.0)  # buffered; then the flusher meets every fault
     assert tenancy.pending == 1
@@ -103,7 +104,7 @@ async def test_a_settle_that_raises_something_else_keeps_the_usage(tmp_path: Pat
     record = new_record("ex", KeyPolicy(rpm=100))[0]
     store = FaultyStore(SQLiteKeyStore(tmp_path / "k.sqlite3"))
     tenancy = Tenancy(store)  # type: ignore[arg-type]
-    ticket = await tenancy.reserve(record, "m", {})
+    ticket = await tenancy.reserve(record, "m", Reservation(1, 0))
     store.settle_faults = [RuntimeError("first write")]
     await tenancy.settle(ticket, failed=False, engine_s=0.0)  # no exception reaches the request
     await wait_for(lambda: tenancy.pending == 0, "the usage was dropped")
