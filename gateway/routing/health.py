@@ -8,7 +8,7 @@
 
 An open breaker is probed on its own (gateway/routing/monitor.py), without waiting for traffic:
 its engine's readiness, first after `PROBE_INITIAL_S`, then at doubling delays up to the monitor's
-interval. What a probe decides (`after_probe`) and when the next one is due (`probe_delay`) are pure
+interval or `PROBE_CEILING_S`, whichever is shorter. What a probe decides (`after_probe`) and when the next one is due (`probe_delay`) are pure
 functions; the breaker applies them. An engine that was not ready (crashed, restarting, starting)
 and is ready again is closed at once, as at start-up; one that failed requests while it called itself
 ready is let through one trial request once `open_seconds` have passed, unless it is a new process
@@ -57,6 +57,10 @@ class Verdict(str, enum.Enum):
 
 PROBE_INITIAL_S = 0.25
 """The first probe of an open breaker, after it opened; each probe that leaves it open doubles the delay."""
+PROBE_CEILING_S = 2.0
+"""The longest delay between two probes of an open breaker, whatever the monitor's interval: /ready
+follows an engine that is back within about this long. A probe is a readiness check (a supervised
+engine's process state, no I/O; an external one's model list), cheap at this rate."""
 
 
 def after_probe(state: BreakerState, cause: Cause, ready: bool, *, cooled: bool, same_engine: bool) -> Verdict:
@@ -73,12 +77,13 @@ def after_probe(state: BreakerState, cause: Cause, ready: bool, *, cooled: bool,
     return Verdict.STAY  # open and cooling down, or half-open: its trial request decides
 
 
-def probe_delay(state: BreakerState, misses: int, interval: float, initial: float = PROBE_INITIAL_S) -> float:
+def probe_delay(state: BreakerState, misses: int, interval: float, initial: float = PROBE_INITIAL_S,
+                ceiling: float = PROBE_CEILING_S) -> float:
     """Seconds to the next readiness probe: the monitor's interval while closed or half-open; while
-    open, `initial` doubled for each probe (`misses`) that left it open, never past the interval."""
+    open, `initial` doubled for each probe (`misses`) that left it open, never past the interval or `ceiling`."""
     if state is not BreakerState.OPEN:
         return interval
-    return min(interval, initial * 2 ** min(misses, 32))
+    return min(interval, ceiling, initial * 2 ** min(misses, 32))
 
 
 RETRYABLE_CODES = frozenset({"engine_unreachable", "engine_reset", "engine_unavailable", "engine_start_failed",

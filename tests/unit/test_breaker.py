@@ -8,6 +8,7 @@ import pytest
 
 from adapters.base import ClientRequestError, EngineError, UnsupportedError
 from gateway.routing.health import (
+    PROBE_CEILING_S,
     PROBE_INITIAL_S,
     Breaker,
     BreakerState,
@@ -162,19 +163,24 @@ def test_what_a_readiness_probe_decides(state: BreakerState, cause: Cause, ready
 
 
 @pytest.mark.parametrize(
-    ("state", "misses", "delay"),
+    ("state", "misses", "delay", "interval"),
     [
-        (CLOSED, 0, 2.0),
-        (HALF, 5, 2.0),
-        (OPEN, 0, PROBE_INITIAL_S),
-        (OPEN, 1, 2 * PROBE_INITIAL_S),
-        (OPEN, 2, 4 * PROBE_INITIAL_S),
-        (OPEN, 3, 2.0),  # never slower than the closed poll
-        (OPEN, 10**6, 2.0),  # no overflow after a long outage
+        (CLOSED, 0, 2.0, 2.0),
+        (HALF, 5, 2.0, 2.0),
+        (OPEN, 0, PROBE_INITIAL_S, 2.0),
+        (OPEN, 1, 2 * PROBE_INITIAL_S, 2.0),
+        (OPEN, 2, 4 * PROBE_INITIAL_S, 2.0),
+        (OPEN, 3, 2.0, 2.0),  # never slower than the closed poll
+        (OPEN, 10**6, 2.0, 2.0),  # no overflow after a long outage
+        (CLOSED, 0, 10.0, 10.0),  # a long interval
+        (OPEN, 2, 1.0, 10.0),
+        (OPEN, 5, PROBE_CEILING_S, 10.0),  # an open one is still probed every PROBE_CEILING_S at most
+        (OPEN, 5, 0.5, 0.5),  # a short interval wins
     ],
 )
-def test_an_open_breaker_is_probed_sooner_with_backoff(state: BreakerState, misses: int, delay: float) -> None:
-    assert probe_delay(state, misses, 2.0) == delay
+def test_an_open_breaker_is_probed_sooner_with_backoff(state: BreakerState, misses: int, delay: float,
+                                                       interval: float) -> None:
+    assert probe_delay(state, misses, interval) == delay
 
 
 def test_failures_on_an_engine_that_was_replaced_close_on_its_first_ready_probe() -> None:

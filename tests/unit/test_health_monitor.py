@@ -106,3 +106,20 @@ async def test_a_ready_engine_that_failed_requests_half_opens_after_open_seconds
     half_at = await run_until(monitor, clock, opened + 10, lambda: pool[0].breaker.state is not BreakerState.OPEN)
     assert half_at is not None and 5.0 <= half_at - opened <= 5.0 + INTERVAL
     assert pool[0].breaker.state is BreakerState.HALF_OPEN and pool[0].candidate().probe
+
+
+async def test_with_a_long_interval_an_open_breaker_is_still_probed_every_two_seconds() -> None:
+    clock = Clock()
+    pool, (a, b) = replicas(clock)
+    monitor = HealthMonitor(pool, 10.0, clock)
+    await monitor.tick()
+    clock.now += 0.5
+    pool[0].breaker.record(EngineError("reset", 502, "engine_reset"), a.incarnation())  # same process: it cools down
+    a.ready = False  # and it is restarting
+    start, a_probes, b_probes = clock.now, a.probes, b.probes
+    await run_until(monitor, clock, start + 9.0)
+    # opened at +0: probed at +0.25, then 0.25, 0.5, 1 and 2 s later: +0.5, +1, +2, +4, +6, +8 (PROBE_CEILING_S apart)
+    assert a.probes - a_probes == 7 and b.probes == b_probes  # the closed one waits out its 10 s
+    a.ready, a.pid = True, 2
+    closed_at = await run_until(monitor, clock, clock.now + 5, lambda: pool[0].breaker.state is BreakerState.CLOSED)
+    assert closed_at is not None and closed_at - (start + 9.0) <= 2.0
