@@ -59,9 +59,9 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("string_above_max_length", OPENAI, (400,), "A string over its limit (a function name over 64 characters)."),
     ErrorCode("array_above_max_length", OPENAI, (400,), "An array over its limit (more than 128 `tools`)."),
     ErrorCode("invalid_function_parameters", OPENAI, (400,), "A function's `parameters` is not a JSON Schema of an "
-              "object (by its metaschema; nested at most 32 deep)."),
+              "object (by its metaschema)."),
     ErrorCode("invalid_json_schema", OPENAI, (400,), "`response_format`'s (or `text.format`'s, `output_config.format`'s) "
-              "schema is not a JSON Schema (by its metaschema; nested at most 32 deep)."),
+              "schema is not a JSON Schema (by its metaschema)."),
     ErrorCode("unsupported_parameter", OPENAI, (400,), "A field this engine cannot honour (e.g. `logprobs` on an "
               "in-process engine); `param` names it."),
     ErrorCode("unsupported_operation", GATEWAY, (400,), "The model's engine does not serve this route (e.g. embeddings "

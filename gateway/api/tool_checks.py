@@ -6,7 +6,8 @@ client's mistake as OpenAI does: 400 `invalid_request_error`, with `param` namin
 (`tools[0].function.name`) and OpenAI's codes (`invalid_type`, `missing_required_parameter`,
 `invalid_value`, `string_above_max_length`, `array_above_max_length`, `invalid_function_parameters`,
 `invalid_json_schema`). A schema must be a JSON Schema by its metaschema, by its `$schema` draft
-(2020-12 when it names none or one unknown), nested at most `MAX_SCHEMA_DEPTH` deep. The request's
+(2020-12 when it names none or one unknown); its nesting is bounded by the body's (serving.parse_body:
+254 levels, under what jsonschema-rs reads, 255; llama-server took 961 here). The request's
 shape is checked with `jsonschema`; schemas against their metaschema with `jsonschema_rs` (Rust):
 about 5 µs a small schema and 30 ms a MB here, where `jsonschema`'s 2020-12 metaschema check took
 2 ms and 17 s, on the event loop.
@@ -28,9 +29,6 @@ from gateway.api.errors import APIError
 NAME_PATTERN = "^[a-zA-Z0-9_-]+$"
 NAME_MAX = 64
 MAX_TOOLS = 128
-MAX_SCHEMA_DEPTH = 32
-"""Containers (objects and arrays) nested inside one schema: deep enough for any real schema, and far
-from where a validator's or an engine's grammar builder recursion runs out."""
 TOOL_CHOICES = ("none", "auto", "required")
 
 _NAME = {"type": "string", "pattern": NAME_PATTERN, "maxLength": NAME_MAX}
@@ -150,18 +148,6 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 64 else text[:61] + "..."
 
 
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether containers nest deeper than `limit` (walked without recursion: the check itself cannot overflow)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-    return False
-
-
 def _refuse(uri: str) -> Any:
     raise LookupError(f"{uri} is not fetched")
 
@@ -175,8 +161,6 @@ def schema_problem(schema: Any) -> str | None:
     """Why `schema` is not a JSON Schema the gateway passes on (None: it is one)."""
     if not isinstance(schema, dict):
         return f"expected a JSON Schema object, but got {_json_type(schema)}"
-    if _depth_over(schema, MAX_SCHEMA_DEPTH):
-        return f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels"
     try:
         try:
             meta.validate(schema, registry=_OFFLINE)
@@ -186,6 +170,8 @@ def schema_problem(schema: Any) -> str | None:
         where = dotted(exc.instance_path)
         return exc.message + (f" (at {where})" if where else "")
     except ReferencingError as exc:
+        return f"it cannot be checked: {exc}"[:300]
+    except ValueError as exc:  # past the library's recursion limit (255 levels: deeper than a body may nest)
         return f"it cannot be checked: {exc}"[:300]
     return None
 

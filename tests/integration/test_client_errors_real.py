@@ -56,6 +56,15 @@ def chat(**extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Weather in Paris?"}], **extra}
 
 
+def deep(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object"}
+    inner = schema
+    for _ in range(levels):
+        inner["properties"] = {"a": {"type": "object"}}
+        inner = inner["properties"]["a"]
+    return schema
+
+
 ENGINE_SAYS = "llama_server cannot take this request"
 BAD: list[tuple[str, dict[str, Any], str | None, str | None]] = [
     # (path, body, the param named, what the message starts with when llama-server refused it)
@@ -75,6 +84,10 @@ BAD: list[tuple[str, dict[str, Any], str | None, str | None]] = [
                                   "tool_calls": [{"id": "1", "type": "function"}]}, {"role": "tool", "tool_call_id": "1",
                                   "content": "sunny"}]), None, ENGINE_SAYS),
     ("/v1/chat/completions", chat(stream=True, messages=[{"role": "user", "content": "hi", "name": 5}]), None, ENGINE_SAYS),
+    # nested deeper than the relay writes (orjson: 254 levels; it reads 1024): was a TypeError, 500
+    ("/v1/chat/completions", chat(tools=[{"type": "function", "function": {"name": "f", "parameters": deep(130)}}]),
+     None, None),
+    ("/v1/chat/completions", chat(vendor_options=deep(130)), None, None),  # an unknown field, passed through
     ("/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
                       "tools": [{"name": "get weather", "input_schema": {"type": "object"}}]}, None, None),
 ]

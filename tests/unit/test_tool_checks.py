@@ -13,7 +13,6 @@ from fastapi.testclient import TestClient
 from adapters.base import Capabilities
 from gateway.api.errors import APIError
 from gateway.api.tool_checks import (
-    MAX_SCHEMA_DEPTH,
     check_response_schema,
     check_tool_choice,
     check_tools,
@@ -72,8 +71,9 @@ BAD_TOOLS: list[tuple[Any, str, str]] = [
     ([fn(parameters={"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
                      "properties": {"s": {"type": "string", "maxLength": -1}}})],
      "tools[0].function.parameters", "invalid_function_parameters"),
-    ([fn(parameters=nested(MAX_SCHEMA_DEPTH))], "tools[0].function.parameters", "invalid_function_parameters"),
-    ([fn(parameters=nested(5000))], "tools[0].function.parameters", "invalid_function_parameters"),
+    ([fn(parameters={"type": "object", "properties": {"a": nested(100) | {"type": "objekt"}}})],
+     "tools[0].function.parameters", "invalid_function_parameters"),  # deep: still checked
+    ([fn(parameters=nested(5000))], "tools[0].function.parameters", "invalid_function_parameters"),  # past the library's
     ([fn()] * 129, "tools", "array_above_max_length"),
 ]
 
@@ -99,7 +99,7 @@ GOOD_TOOLS: list[Any] = [
     [fn(parameters={"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
                     "definitions": {"c": {"type": "string"}}, "properties": {"c": {"$ref": "#/definitions/c"}}})],
     [fn(parameters={"type": "object", "$defs": {"c": {"type": "string"}}, "properties": {"c": {"$ref": "#/$defs/c"}}})],
-    [fn(parameters=nested(MAX_SCHEMA_DEPTH // 2 - 1))],
+    [fn(parameters=nested(100))],  # 201 levels: what a body may hold
     [fn("a"), fn("b-c_1")],
     [fn()] * 128,
 ]
@@ -143,7 +143,6 @@ def test_good_tool_choices_pass(choice: Any) -> None:
         ({"name": "out", "schema": {"type": "nope"}}, "response_format.json_schema.schema", "invalid_json_schema"),
         ({"name": "out", "schema": {"properties": {"a": {"enum": 3}}}}, "response_format.json_schema.schema",
          "invalid_json_schema"),
-        ({"name": "out", "schema": nested(100)}, "response_format.json_schema.schema", "invalid_json_schema"),
         ({"name": 5, "schema": {}}, "response_format.json_schema.name", "invalid_type"),
         ({"name": "my schema", "schema": {}}, "response_format.json_schema.name", "invalid_value"),
     ],
@@ -240,3 +239,14 @@ def test_good_tools_reach_the_engine(client: TestClient, engine: ToolEcho) -> No
         parameters={"type": "object", "properties": {"city": {"type": "string"}}})], "tool_choice": "auto"})
     assert r.status_code == 200, r.text
     assert engine.seen_bodies[0]["tools"][0]["function"]["name"] == "get_weather"
+
+
+def test_a_body_nested_deeper_than_the_relay_writes_is_a_400_not_a_500(client: TestClient, engine: ToolEcho) -> None:
+    """orjson reads 1024 levels but writes 254: a deeper body (a tool schema, or any passed-through field)
+    parsed, then failed to be relayed with a TypeError (500)."""
+    for body in ({"messages": ASK, "tools": [fn(parameters=nested(200))]}, {"messages": ASK, "extra": nested(200)}):
+        r = client.post("/v1/chat/completions", json={"model": "echo", **body})
+        assert r.status_code == 400 and "nests deeper than 254 levels" in r.json()["error"]["message"], r.text
+    assert engine.seen_bodies == []
+    ok = client.post("/v1/chat/completions", json={"model": "echo", "messages": ASK, "tools": [fn(parameters=nested(100))]})
+    assert ok.status_code == 200, ok.text
