@@ -5,9 +5,9 @@ Each poll is bounded in time, so a hung engine delays nothing but its own entry.
 engine's crash is also seen at once, without polling, through `Replica.down()`.
 
 A replica whose breaker is open is polled sooner (health.probe_delay: from `PROBE_INITIAL_S` after
-it opened, doubling up to the interval or `PROBE_CEILING_S`), so it closes when its engine is ready again with no traffic
-at all, and `/ready` follows the engine. The monitor looks for newly opened breakers every
-`PROBE_INITIAL_S`; the polls are the only I/O.
+it opened, doubling up to the interval or `PROBE_CEILING_S`), so it closes when its engine is ready
+again with no traffic at all, and `/ready` follows the engine. The monitor looks for newly opened
+breakers every `PROBE_INITIAL_S`; the polls are its only I/O, the breaker's methods its only writes.
 """
 
 from __future__ import annotations
