@@ -51,6 +51,19 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("unsupported_content", GATEWAY, (400,), "Image or audio content for an engine that cannot take it "
               "(refused before it is sent, so it never counts against the engine)."),
     ErrorCode("invalid_token_id", GATEWAY, (400,), "A token id in `prompt`/`input` lies outside the model's vocabulary."),
+    # tools, tool_choice and JSON schemas, checked before an engine sees them (gateway/api/tool_checks.py)
+    ErrorCode("invalid_type", OPENAI, (400,), "A field of the wrong JSON type (e.g. a number for `tools[0].function.name`); "
+              "`param` names it."),
+    ErrorCode("missing_required_parameter", OPENAI, (400,), "A required field is missing (e.g. `tools[0].function`); "
+              "`param` names it."),
+    ErrorCode("invalid_value", OPENAI, (400,), "A value outside what is accepted: a function name not matching "
+              "`^[a-zA-Z0-9_-]+$`, a tool type other than `function`, a `tool_choice` naming no tool; `param` names it."),
+    ErrorCode("string_above_max_length", OPENAI, (400,), "A string over its limit (a function name over 64 characters)."),
+    ErrorCode("array_above_max_length", OPENAI, (400,), "An array over its limit (more than 128 `tools`)."),
+    ErrorCode("invalid_function_parameters", OPENAI, (400,), "A function's `parameters` is not a JSON Schema of an "
+              "object (by its metaschema)."),
+    ErrorCode("invalid_json_schema", OPENAI, (400,), "`response_format`'s (or `text.format`'s, `output_config.format`'s) "
+              "schema is not a JSON Schema (by its metaschema)."),
     ErrorCode("unsupported_parameter", OPENAI, (400,), "A field this engine cannot honour (e.g. `logprobs` on an "
               "in-process engine); `param` names it."),
     ErrorCode("unsupported_operation", GATEWAY, (400,), "The model's engine does not serve this route (e.g. embeddings "

@@ -37,18 +37,28 @@ INPUT_REFUSED = re.compile(
     r"|not supported by this model|is too large to process|exceeds? the (available )?context"
     r"|\binvalid (base64|image|audio|url|value|argument|param|json|request|grammar|schema)"
     r"|failed to (load|decode|download|parse) (the )?(image|audio|file|grammar|json schema)"
-    r"|unsupported param|must not be empty|\bis required\b|must be (a|an) |cannot use both|only no echo",
+    r"|unsupported param|must not be empty|\bis required\b|must be (a|an) |cannot use both|only no echo"
+    # llama-server's parse of the request's tools and messages (common/chat.cpp wraps every error of it
+    # so, a wrong type included: "Failed to parse tools: [json.exception.type_error.302] type must be
+    # string, but is number"), its tool-call history's arguments, a chat template's raise_exception
+    # (older builds answer 500), a grammar with tools, tools on a server started without --jinja
+    r"|^failed to parse (tools|messages|tool call arguments)\b|\bjinja exception\b|cannot specify (both|grammar)"
+    r"|\b(tools|tool_choice) param requires --jinja",
     re.IGNORECASE,
 )
 """An engine's 5xx that says the client's input was at fault (llama-server answers these 500, from
-the `std::runtime_error`s it throws on a request it cannot take): the client's error, never the engine's."""
+the `std::runtime_error`s it throws on a request it cannot take): the client's error, never the engine's.
+Only messages about the request itself: an engine failing on its own output or state stays its failure."""
+_ECHOED = re.compile(r"; (tools|messages) = .*\Z", re.DOTALL)
+"""llama-server appends the whole parsed field to the message (megabytes for a long tools list)."""
+MESSAGE_MAX = 2000
 
 
 def refuses_input(status: int, message: str) -> bool:
     """An engine error that is the client's input refused (a 5xx saying so, or 501 not supported), not a failure."""
     if status == 501:
         return True
-    return status in (500, 502) and INPUT_REFUSED.search(message) is not None
+    return status in (500, 502) and INPUT_REFUSED.search(message[:4 * MESSAGE_MAX]) is not None
 
 
 _TOO_LONG = re.compile(r"is too large to process|exceeds? the (available )?context", re.IGNORECASE)
@@ -139,6 +149,7 @@ def error_exception(status: int, raw: bytes | str | dict[str, Any] | None, engin
     if 400 <= status < 500 and status != 499:
         return ClientRequestError(message, status, err["param"], code)
     if refuses_input(status, message):
+        message = _ECHOED.sub("", message)[:MESSAGE_MAX]
         return ClientRequestError(f"{engine} cannot take this request: {message}", 400, err["param"],
                                   code or _input_code(message))
     return EngineError(f"{engine} error {status}: {message}", 502, code)
@@ -152,7 +163,7 @@ def stream_failure(data: bytes) -> Exception:
         err = {"message": ""}
     message = str(err.get("message") or "")
     if refuses_input(500, message):
-        return ClientRequestError(message, 400, err.get("param"), _input_code(message))
+        return ClientRequestError(_ECHOED.sub("", message)[:MESSAGE_MAX], 400, err.get("param"), _input_code(message))
     return EngineError("the engine's stream ended with an error", 502)
 
 

@@ -22,7 +22,7 @@ from gateway.api.serving import generate, parse_body, resolve_backend
 
 router = APIRouter()
 PREFIX = "/v1/messages"
-NAMES = {"tools": "tools", "response_format": "output_config.format"}
+NAMES = {"tools": "tools", "response_format": "output_config.format", "tools.function": "", "tools.parameters": "input_schema"}
 
 
 @router.post("/v1/messages")
@@ -32,7 +32,7 @@ async def messages(request: Request) -> Response:
     backend = resolve_backend(request, parsed.model, "chat")
     fmt = body.get("response_format")
     check_chat(backend, tools=body.get("tools"), response_format=ResponseFormat.model_validate(fmt) if fmt else None,
-               names=NAMES)
+               names=NAMES, tool_choice=body.get("tool_choice"))
     check_modalities(backend, body["messages"], lambda _: "messages")
     return await generate(request, backend, "chat", body, True, MessagesDialect(parsed.model))
 

@@ -107,6 +107,9 @@ CHAT = ChatDialect()
 CHAT_WRITER = _ChatWriter()  # stateless: one serves every chat stream
 
 
+MAX_NESTING = 254
+
+
 async def parse_body(request: Request, model: type[M]) -> tuple[M, dict[str, Any]]:
     raw = await request.body()
     try:
@@ -115,6 +118,10 @@ async def parse_body(request: Request, model: type[M]) -> tuple[M, dict[str, Any
         raise APIError(400, f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
+    try:  # what is relayed is written by orjson, which nests at most MAX_NESTING levels (its reader, 1024)
+        orjson.dumps(body)
+    except TypeError as exc:
+        raise APIError(400, f"request body nests deeper than {MAX_NESTING} levels") from exc
     try:
         parsed = model.model_validate(body)
     except ValidationError as exc:

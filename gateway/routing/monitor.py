@@ -3,6 +3,11 @@
 One task per multi-replica backend, started by `Backend.start()` and stopped by `Backend.stop()`.
 Each poll is bounded in time, so a hung engine delays nothing but its own entry. A supervised
 engine's crash is also seen at once, without polling, through `Replica.down()`.
+
+A replica whose breaker is open is polled sooner (health.probe_delay: from `PROBE_INITIAL_S` after
+it opened, doubling up to the interval or `PROBE_CEILING_S`), so it closes when its engine is ready
+again with no traffic at all, and `/ready` follows the engine. The monitor looks for newly opened
+breakers every `PROBE_INITIAL_S`; the polls are its only I/O, the breaker's methods its only writes.
 """
 
 from __future__ import annotations
@@ -10,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from gateway.routing import capacity
+from gateway.routing.health import PROBE_INITIAL_S, BreakerState, probe_delay
 from gateway.routing.pool import Replica
 
 log = logging.getLogger("enginegate.routing")
@@ -39,7 +46,7 @@ async def poll(replica: Replica) -> None:
         ready, detail = health.ready, health.detail
     except Exception as exc:  # noqa: BLE001 - a failing check is a not-ready answer, whatever it raised
         ready, detail = False, f"{type(exc).__name__}: {exc}"
-    replica.breaker.readiness(ready, detail)
+    replica.breaker.readiness(ready, detail, replica.adapter.incarnation())
     if not ready:
         replica.engine_running = replica.engine_waiting = replica.kv_usage = None
         return
@@ -54,10 +61,15 @@ async def poll(replica: Replica) -> None:
 
 
 class HealthMonitor:
-    def __init__(self, replicas: Sequence[Replica], interval: float) -> None:
+    def __init__(self, replicas: Sequence[Replica], interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.replicas = replicas
         self.interval = interval
+        self.clock = clock
         self._task: asyncio.Task[None] | None = None
+        self._due = [0.0] * len(replicas)
+        self._misses = [0] * len(replicas)
+        """Polls in a row that found the replica's breaker open (its backoff)."""
+        self._opens = [r.breaker.opens for r in replicas]
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="enginegate-health")
@@ -69,10 +81,26 @@ class HealthMonitor:
                 await self._task
             self._task = None
 
+    async def tick(self) -> None:
+        """Poll the replicas that are due, and schedule each one's next poll."""
+        now = self.clock()
+        for i, replica in enumerate(self.replicas):
+            if replica.breaker.opens != self._opens[i]:  # opened by its requests since: probe it soon
+                self._opens[i], self._misses[i] = replica.breaker.opens, 0
+                self._due[i] = min(self._due[i], replica.breaker.opened_at + PROBE_INITIAL_S)
+        due = [i for i in range(len(self.replicas)) if self._due[i] <= now]
+        results = await asyncio.gather(*(poll(self.replicas[i]) for i in due), return_exceptions=True)
+        now = self.clock()
+        for i, result in zip(due, results, strict=True):
+            if isinstance(result, Exception):  # never let the monitor die silently
+                log.error("replica %s health check failed", self.replicas[i].name, exc_info=result)
+            breaker = self.replicas[i].breaker
+            self._opens[i] = breaker.opens
+            self._due[i] = now + probe_delay(breaker.state, self._misses[i], self.interval)
+            self._misses[i] = self._misses[i] + 1 if breaker.state is BreakerState.OPEN else 0
+
     async def _run(self) -> None:
         while True:
-            try:
-                await asyncio.gather(*(poll(r) for r in self.replicas))
-            except Exception:  # never let the monitor die silently
-                log.exception("replica health check failed")
-            await asyncio.sleep(self.interval)
+            await self.tick()
+            wait = min(self._due, default=self.clock() + self.interval) - self.clock()
+            await asyncio.sleep(max(0.0, min(wait, PROBE_INITIAL_S, self.interval)))

@@ -152,7 +152,7 @@ class Lease:
         replica.admission.release(self.ticket)
         if self.placement is not None and replica.cache is not None:
             replica.cache.end(self.placement)
-        replica.breaker.record(error)
+        replica.breaker.record(error, replica.adapter.incarnation())
         if error is None:
             replica.served += 1
         elif is_failure(error):

@@ -8,6 +8,7 @@ from adapters.observe import extract_usage, observe
 from adapters.openai_http import forward_headers
 from adapters.sse import SSEParser
 from adapters.upstream_errors import error_exception, normalise_error, stream_failure
+from gateway.routing.health import is_failure
 
 CHUNK = b'{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}'
 
@@ -100,22 +101,42 @@ REFUSED_INPUTS = [
     (500, "\"prompt\" must not be empty"),
     (500, "Unsupported param: echo"),
     (501, "This server does not support embeddings. Start it with `--embeddings`"),
+    # issue 32: what llama-server (0c1e570) answers a tools list or a message history it cannot parse
+    (500, "Failed to parse tools: [json.exception.type_error.302] type must be string, but is number; tools = [\n  {\n"
+          "    \"type\": \"function\",\n    \"function\": {\n      \"name\": 123\n    }\n  }\n]"),
+    (500, "Failed to parse tools: Missing tool function: {\"type\":\"function\"}; tools = []"),
+    (500, "Failed to parse tools: Unsupported tool type: {\"type\":\"custom\",\"custom\":{\"name\":\"g\"}}; tools = []"),
+    (500, "Failed to parse tools: Expected 'tools' to be an array, got \"x\"; tools = \"x\""),
+    (500, "Failed to parse messages: [json.exception.type_error.302] type must be string, but is number"),
+    (500, "Failed to parse messages: Missing tool call function: {\"id\":\"1\",\"type\":\"function\"}"),
+    (500, "Failed to parse tool call arguments as JSON: [json.exception.parse_error.101] parse error at line 1"),
+    (500, "While executing CallExpression at line 1, column 77 in source: Error: Jinja Exception: Conversation roles "
+          "must alternate user/assistant/user/assistant/..."),  # a template's raise_exception (older builds: 500)
+    (500, "Cannot specify grammar with tools"),
+    (500, "tools param requires --jinja flag"),
 ]
 ENGINE_FAILURES = [(500, "No available space in KV cache"), (500, "llama_decode failed"), (502, "bad gateway"),
-                   (500, "Failed to tokenize prompt")]
+                   (500, "Failed to tokenize prompt"),
+                   # about the engine's own output or set-up, not the request: its failure
+                   (500, "Invalid diff: tool call mismatch!"), (500, "Failed to parse input at pos 12: <tool_call>{"),
+                   (500, "[json.exception.parse_error.101] parse error at line 1, column 2"),
+                   (500, "Unknown chat format"), (500, "failed to apply chat template, try using --jinja"),
+                   (500, "Server tokens state is too large")]
 
 
 @pytest.mark.parametrize("status, message", REFUSED_INPUTS)
 def test_an_engine_refusing_the_input_is_the_clients_error(status: int, message: str) -> None:
-    body = b'{"error":{"code":%d,"message":"%s","type":"server_error"}}' % (status, message.replace('"', '\\"').encode())
+    body = orjson.dumps({"error": {"code": status, "message": message, "type": "server_error"}})
     exc = error_exception(status, body, "llama_server")
     assert isinstance(exc, ClientRequestError) and exc.status == 400, (status, message, exc)
+    assert "; tools = " not in exc.message  # llama-server's echo of the whole field is cut
     assert status != 500 or isinstance(stream_failure(body), ClientRequestError)
+    assert is_failure(exc) is None  # never a breaker failure
 
 
 @pytest.mark.parametrize("status, message", ENGINE_FAILURES)
 def test_an_engine_failing_stays_the_engines(status: int, message: str) -> None:
-    body = b'{"error":{"code":%d,"message":"%s","type":"server_error"}}' % (status, message.encode())
+    body = orjson.dumps({"error": {"code": status, "message": message, "type": "server_error"}})
     assert isinstance(error_exception(status, body), EngineError)
     assert isinstance(stream_failure(body), EngineError)
 
