@@ -28,6 +28,10 @@ class KeyExists(Exception):
     pass
 
 
+class KeysActive(Exception):
+    """`disable_auth` refused: an unrevoked key is still in the store (revoke every key first)."""
+
+
 LEASE_TTL_MS = 30_000
 """A concurrency lease not renewed for this long is gone (its gateway died)."""
 LEASE_RENEW_S = 10.0
@@ -90,7 +94,8 @@ class KeyStore(Protocol):
         ...
 
     async def disable_auth(self) -> None:
-        """The explicit admin act that turns "keys are on" off again (every key must be revoked first)."""
+        """The explicit admin act that turns "keys are on" off again (every key must be revoked
+        first: raises KeysActive otherwise). Creating a key turns it on again."""
         ...
 
     async def create(self, record: KeyRecord) -> None:
