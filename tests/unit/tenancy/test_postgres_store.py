@@ -305,3 +305,36 @@ async def test_a_store_made_while_the_database_is_down_migrates_when_it_comes_up
             assert await store.auth_enabled()
         finally:
             await store.close()
+
+
+# -- with tenancy.redis_url too: keys and the ledger in PostgreSQL, the counters in Redis --------
+async def test_with_redis_the_keys_and_ledger_are_in_postgres_and_the_counters_in_redis(postgres_url: str) -> None:  # noqa: F811
+    from gateway.config import TenancyConfig
+    from gateway.tenancy.redis_store import RedisKeyStore
+    from gateway.tenancy.setup import open_store
+    from gateway.tenancy.split_store import SplitKeyStore
+    from tests.redis_server import redis_server
+
+    with redis_server() as redis:
+        cfg = TenancyConfig(redis_url=redis.url, redis_prefix="split:")
+        split = open_store(cfg, Database(postgres_url, TIMEOUT_S), owns_database=True)
+        plain_pg = PostgresKeyStore(Database(postgres_url, TIMEOUT_S), owns_database=True)
+        plain_redis = RedisKeyStore(redis.url, "split:")
+        try:
+            assert isinstance(split, SplitKeyStore)
+            record, secret = new_record("both", KeyPolicy(rpm=2))
+            await split.create(record)
+            assert (await plain_pg.lookup(hash_secret(secret))) is not None and await plain_pg.auth_enabled()
+            assert await plain_redis.list() == []  # no key in Redis
+            lim = limits(rpm=2)
+            assert (await split.reserve("both", lim, 1, "r1")).admitted
+            assert (await plain_redis.reserve("both", lim, 1, "r2")).counters.requests == 2  # the counter is Redis's
+            assert (await split.reserve("both", lim, 1, "r3")).refused == "requests"
+            assert (await plain_pg.reserve("both", lim, 1, "r4")).counters.requests == 1  # PostgreSQL holds none
+            await split.settle([settlement("r1", "both", lim)])
+            await split.settle([settlement("r1", "both", lim)])  # replayed: once in the ledger
+            assert [(r["name"], r["requests"]) for r in await split.usage("both")] == [("both", 1)]
+            assert [r["requests"] for r in await plain_pg.usage("both")] == [1]
+        finally:
+            for store in (split, plain_pg, plain_redis):
+                await store.close()
