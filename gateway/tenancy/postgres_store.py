@@ -1,11 +1,13 @@
 """The key store in the shared PostgreSQL database (`database_url`): keys, limits, leases and the
 usage ledger of every gateway that names it.
 
-Exactness: each `reserve` is one transaction that first takes a transaction-scoped advisory lock on
-the tenant (`pg_advisory_xact_lock`), then reads the tenant's counters, decides with
-`limits.check` and charges; so the reserves of one tenant are serialized across every gateway and
-no two of them both take the last unit. Other tenants never wait for it. Settlements only add
-(relative updates under row locks), so they take no tenant lock.
+Exactness: each `reserve` is one call of the `tenancy_reserve` function (one statement: one
+transaction, one round trip) that first takes a transaction-scoped advisory lock on the tenant
+(`pg_advisory_xact_lock`), then reads the tenant's counters, decides and charges; so the reserves
+of one tenant are serialized across every gateway and no two of them both take the last unit.
+Other tenants never wait for it. The decision is `limits.check`'s rule in SQL, as the Redis store
+has it in Lua (tests/unit/tenancy/test_postgres_store.py holds the two to each other). Settlements
+only add (relative updates under row locks), so they take no tenant lock.
 
 Time: windows, leases and the applied-ids table use the database's clock (`clock_timestamp()`),
 one clock for every gateway whatever their own clocks say.
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from gateway.tenancy.keys import KeyRecord
-from gateway.tenancy.limits import Counters, Decision, Limits, check
+from gateway.tenancy.limits import Counters, Decision, Limits
 from gateway.tenancy.store import (
     APPLIED_KEEP_MS,
     LEASE_TTL_MS,
@@ -73,52 +75,99 @@ STEPS: tuple[str, ...] = (
         PRIMARY KEY (name, day, model)
     );
     """,
+    # The limit decision, one call (one round trip): the tenant's lock, the counters as found, the rule of
+    # limits.check (the same order; a test compares the two) and, when admitted, the charge: a window's
+    # charge as sqlite_store's _add_window (an ended window starts again at now), a lease per request id.
+    f"""
+    CREATE FUNCTION tenancy_reserve(
+        p_name text, p_request text, p_rpm bigint, p_tpm bigint, p_conc bigint, p_budget bigint,
+        p_window bigint, p_period text, p_cost bigint, p_lease_ttl bigint,
+        OUT o_refused text, OUT o_requests bigint, OUT o_requests_reset bigint, OUT o_tokens bigint,
+        OUT o_tokens_reset bigint, OUT o_inflight bigint, OUT o_used bigint, OUT o_replay boolean)
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        now_ms bigint;
+        w_started bigint;
+        w_count bigint;
+    BEGIN
+        PERFORM pg_advisory_xact_lock({LOCK_CLASS}, hashtext(p_name));
+        -- every statement from here takes a new snapshot: it sees what the lock's last holder committed
+        now_ms := {NOW_MS};
+        o_refused := NULL; o_requests := 0; o_requests_reset := 0; o_tokens := 0; o_tokens_reset := 0;
+        o_inflight := 0; o_used := 0;
+        o_replay := EXISTS (SELECT 1 FROM tenancy_applied WHERE id = 'r:' || p_request);
+        IF p_rpm IS NOT NULL THEN
+            SELECT started_ms, count INTO w_started, w_count FROM tenancy_windows WHERE name = p_name AND kind = 'requests';
+            IF NOT FOUND OR now_ms - w_started >= p_window THEN
+                o_requests_reset := p_window;
+            ELSE
+                o_requests := w_count; o_requests_reset := w_started + p_window - now_ms;
+            END IF;
+        END IF;
+        IF p_tpm IS NOT NULL THEN
+            SELECT started_ms, count INTO w_started, w_count FROM tenancy_windows WHERE name = p_name AND kind = 'tokens';
+            IF NOT FOUND OR now_ms - w_started >= p_window THEN
+                o_tokens_reset := p_window;
+            ELSE
+                o_tokens := w_count; o_tokens_reset := w_started + p_window - now_ms;
+            END IF;
+        END IF;
+        IF p_conc IS NOT NULL THEN
+            SELECT count(*) INTO o_inflight FROM tenancy_leases WHERE name = p_name AND expires_ms > now_ms;
+        END IF;
+        IF p_budget IS NOT NULL THEN
+            SELECT COALESCE((SELECT b.used FROM tenancy_budgets b WHERE b.name = p_name AND b.period = p_period), 0)
+                INTO o_used;
+        END IF;
+        IF o_replay THEN
+            RETURN;  -- charged once already: admitted as it was
+        END IF;
+        IF p_rpm IS NOT NULL AND o_requests >= p_rpm THEN
+            o_refused := 'requests';
+        ELSIF p_tpm IS NOT NULL AND o_tokens > 0 AND o_tokens + p_cost > p_tpm THEN
+            o_refused := 'tokens';
+        ELSIF p_conc IS NOT NULL AND o_inflight >= p_conc THEN
+            o_refused := 'concurrency';
+        ELSIF p_budget IS NOT NULL AND o_used + p_cost > p_budget THEN
+            o_refused := 'budget';
+        END IF;
+        IF o_refused IS NOT NULL THEN
+            RETURN;
+        END IF;
+        IF p_rpm IS NOT NULL THEN
+            INSERT INTO tenancy_windows AS w (name, kind, started_ms, count) VALUES (p_name, 'requests', now_ms, 1)
+            ON CONFLICT (name, kind) DO UPDATE SET
+                count = CASE WHEN now_ms - w.started_ms >= p_window THEN 1 ELSE w.count + 1 END,
+                started_ms = CASE WHEN now_ms - w.started_ms >= p_window THEN now_ms ELSE w.started_ms END;
+        END IF;
+        IF p_tpm IS NOT NULL THEN
+            INSERT INTO tenancy_windows AS w (name, kind, started_ms, count)
+            VALUES (p_name, 'tokens', now_ms, GREATEST(p_cost, 0))
+            ON CONFLICT (name, kind) DO UPDATE SET
+                count = CASE WHEN now_ms - w.started_ms >= p_window THEN GREATEST(p_cost, 0)
+                             ELSE GREATEST(w.count + p_cost, 0) END,
+                started_ms = CASE WHEN now_ms - w.started_ms >= p_window THEN now_ms ELSE w.started_ms END;
+        END IF;
+        IF p_conc IS NOT NULL THEN
+            DELETE FROM tenancy_leases WHERE name = p_name AND expires_ms <= now_ms;
+            INSERT INTO tenancy_leases (name, request_id, expires_ms) VALUES (p_name, p_request, now_ms + p_lease_ttl)
+            ON CONFLICT (name, request_id) DO UPDATE SET expires_ms = EXCLUDED.expires_ms;
+        END IF;
+        IF p_budget IS NOT NULL THEN
+            INSERT INTO tenancy_budgets AS b (name, period, used) VALUES (p_name, p_period, GREATEST(p_cost, 0))
+            ON CONFLICT (name, period) DO UPDATE SET used = GREATEST(b.used + p_cost, 0);
+        END IF;
+        INSERT INTO tenancy_applied (id, at_ms) VALUES ('r:' || p_request, now_ms) ON CONFLICT (id) DO NOTHING;
+        o_requests := o_requests + 1; o_tokens := o_tokens + p_cost; o_inflight := o_inflight + 1;
+        o_used := o_used + p_cost;
+    END
+    $$
+    """,
 )
+RESERVE = "SELECT * FROM tenancy_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 
 SET_AUTH = ("INSERT INTO tenancy_meta (key, value) VALUES ('auth', $1) "
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value")
-
-# $1 name, $2 reserve's applied id, $3 budget period: the counters as found, on the database's clock
-READ = f"""
-SELECT {NOW_MS} AS now_ms,
-       EXISTS (SELECT 1 FROM tenancy_applied WHERE id = $2::text) AS replay,
-       (SELECT started_ms FROM tenancy_windows WHERE name = $1::text AND kind = 'requests') AS r_started,
-       (SELECT count FROM tenancy_windows WHERE name = $1::text AND kind = 'requests') AS r_count,
-       (SELECT started_ms FROM tenancy_windows WHERE name = $1::text AND kind = 'tokens') AS t_started,
-       (SELECT count FROM tenancy_windows WHERE name = $1::text AND kind = 'tokens') AS t_count,
-       (SELECT count(*) FROM tenancy_leases WHERE name = $1::text AND expires_ms > {NOW_MS}) AS inflight,
-       (SELECT used FROM tenancy_budgets WHERE name = $1::text AND period = $3::text) AS used
-"""
-
-# The admitted reserve's writes, one statement. $1 name, $2 now_ms, $3 window_ms, $4 cost, $5 request id,
-# $6 applied id, $7 lease expiry, $8 budget period, $9..$12: rpm, tpm, concurrency, budget are set.
-# A window's charge is sqlite_store's _add_window: an ended window starts again at now.
-CHARGE = """
-WITH requests AS (
-    INSERT INTO tenancy_windows AS w (name, kind, started_ms, count)
-    SELECT $1::text, 'requests', $2::bigint, 1 WHERE $9::boolean
-    ON CONFLICT (name, kind) DO UPDATE SET
-        count = CASE WHEN $2::bigint - w.started_ms >= $3::bigint THEN 1 ELSE w.count + 1 END,
-        started_ms = CASE WHEN $2::bigint - w.started_ms >= $3::bigint THEN $2::bigint ELSE w.started_ms END
-), tokens AS (
-    INSERT INTO tenancy_windows AS w (name, kind, started_ms, count)
-    SELECT $1::text, 'tokens', $2::bigint, GREATEST($4::bigint, 0) WHERE $10::boolean
-    ON CONFLICT (name, kind) DO UPDATE SET
-        count = CASE WHEN $2::bigint - w.started_ms >= $3::bigint THEN GREATEST($4::bigint, 0)
-                     ELSE GREATEST(w.count + $4::bigint, 0) END,
-        started_ms = CASE WHEN $2::bigint - w.started_ms >= $3::bigint THEN $2::bigint ELSE w.started_ms END
-), expired AS (
-    DELETE FROM tenancy_leases WHERE $11::boolean AND name = $1::text AND expires_ms <= $2::bigint
-), lease AS (
-    INSERT INTO tenancy_leases (name, request_id, expires_ms) SELECT $1::text, $5::text, $7::bigint WHERE $11::boolean
-    ON CONFLICT (name, request_id) DO UPDATE SET expires_ms = EXCLUDED.expires_ms
-), budget AS (
-    INSERT INTO tenancy_budgets AS b (name, period, used)
-    SELECT $1::text, $8::text, GREATEST($4::bigint, 0) WHERE $12::boolean
-    ON CONFLICT (name, period) DO UPDATE SET used = GREATEST(b.used + $4::bigint, 0)
-)
-INSERT INTO tenancy_applied (id, at_ms) VALUES ($6::text, $2::bigint) ON CONFLICT (id) DO NOTHING
-"""
 
 # One settlement, one statement, applied once: every write is gated on its id being new in tenancy_applied
 # (which is pruned of ids older than APPLIED_KEEP_MS here too). $1 applied id, $2 name, $3 request id,
@@ -155,13 +204,6 @@ SELECT count(*) FROM fresh
 
 def _record(raw: str | None) -> KeyRecord | None:
     return KeyRecord.from_json(orjson.loads(raw)) if raw else None
-
-
-def _window(started: int | None, count: int | None, now_ms: int, window_ms: int) -> tuple[int, int]:
-    """(count, ms until the window resets); an ended window counts 0 (as sqlite_store's _window)."""
-    if started is None or count is None or now_ms - started >= window_ms:
-        return 0, window_ms
-    return int(count), int(started + window_ms - now_ms)
 
 
 class PostgresKeyStore:
@@ -257,31 +299,12 @@ class PostgresKeyStore:
 
     # -- limits ------------------------------------------------------------------------------
     async def reserve(self, name: str, limits: Limits, cost: int, request_id: str) -> Decision:
-        applied_id = "r:" + request_id
-
-        async def work(c: asyncpg.Connection) -> Decision:
-            await c.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", LOCK_CLASS, name)
-            row = await c.fetchrow(READ, name, applied_id, limits.budget_period)
-            now_ms = int(row["now_ms"])
-            requests, requests_reset = (_window(row["r_started"], row["r_count"], now_ms, limits.window_ms)
-                                        if limits.rpm else (0, 0))
-            tokens, tokens_reset = (_window(row["t_started"], row["t_count"], now_ms, limits.window_ms)
-                                    if limits.tpm else (0, 0))
-            inflight = int(row["inflight"]) if limits.concurrency else 0
-            used = int(row["used"] or 0) if limits.budget else 0
-            found = Counters(requests, requests_reset, tokens, tokens_reset, inflight, used)
-            if row["replay"]:
-                return Decision(limits, found)  # charged once already: admitted as it was
-            refused = check(limits, found, cost)
-            if refused is not None:
-                return Decision(limits, found, refused)
-            await c.execute(CHARGE, name, now_ms, limits.window_ms, cost, request_id, applied_id,
-                            now_ms + self.lease_ttl_ms, limits.budget_period, bool(limits.rpm), bool(limits.tpm),
-                            bool(limits.concurrency), bool(limits.budget))
-            return Decision(limits, Counters(requests + 1, requests_reset, tokens + cost, tokens_reset, inflight + 1,
-                                             used + cost))
-
-        return await self._run(work, transaction=True)
+        row = await self._run(lambda c: c.fetchrow(
+            RESERVE, name, request_id, limits.rpm, limits.tpm, limits.concurrency, limits.budget, limits.window_ms,
+            limits.budget_period, cost, self.lease_ttl_ms))
+        counters = Counters(int(row["o_requests"]), int(row["o_requests_reset"]), int(row["o_tokens"]),
+                            int(row["o_tokens_reset"]), int(row["o_inflight"]), int(row["o_used"]))
+        return Decision(limits, counters, row["o_refused"])
 
     async def renew(self, leases: list[tuple[str, str]]) -> None:
         if not leases:

@@ -10,6 +10,7 @@ and started again.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,8 @@ import pytest_asyncio
 
 from gateway.database import Database
 from gateway.tenancy.keys import KeyPolicy, hash_secret, new_record
-from gateway.tenancy.limits import Limits
-from gateway.tenancy.postgres_store import PostgresKeyStore
+from gateway.tenancy.limits import Counters, Limits, check
+from gateway.tenancy.postgres_store import STEPS, PostgresKeyStore
 from gateway.tenancy.store import KeyExists, KeysActive, KeyStore, Settlement, StoreUnavailable, UsageDelta
 from tests.postgres_server import PostgresServer, postgres, postgres_server, postgres_url  # noqa: F401  (fixtures)
 
@@ -182,6 +183,38 @@ async def test_the_ledger_adds_up_per_key_model_and_day(clients: Clients) -> Non
     assert all(isinstance(r["requests"], int) for r in rows)
 
 
+RULE_CASES = {
+    "rpm": {"rpm": 6}, "tpm": {"tpm": 50}, "concurrency": {"max_concurrency": 3}, "budget": {"budget_tokens": 90},
+    "all": {"rpm": 9, "tpm": 80, "max_concurrency": 4, "budget_tokens": 120},
+}
+
+
+@pytest.mark.parametrize("case", list(RULE_CASES))
+async def test_the_sql_decision_is_limits_check(clients: Clients, case: str) -> None:
+    """Every decision the database makes is the one limits.check makes on the counters it found (as
+    found when refused; after the charge when admitted), through refusals, refunds and releases."""
+    a = clients()
+    lim = limits(**RULE_CASES[case])
+    rng = random.Random(case)
+    seen: set[str | None] = set()
+    held: list[str] = []
+    for i in range(40):
+        cost = rng.choice([0, 1, 5, 20, 45, 60])
+        d = await a.reserve(case, lim, cost, f"{case}{i}")
+        seen.add(d.refused)
+        if d.refused:
+            assert check(lim, d.counters, cost) == d.refused
+        else:
+            c = d.counters
+            before = Counters(c.requests - 1, c.requests_reset_ms, c.tokens - cost, c.tokens_reset_ms,
+                              c.inflight - 1, c.budget_used - cost)
+            assert check(lim, before, cost) is None
+            held.append(f"{case}{i}")
+        if held and rng.random() < 0.4:  # a request ends: its lease back, part of its charge refunded
+            await a.settle([settlement(held.pop(0), case, lim, delta=-rng.choice([0, 3, 10]))])
+    assert None in seen and len(seen) >= 2  # both answers happened
+
+
 async def test_a_window_starts_again_once_it_ended(clients: Clients) -> None:
     a = clients()
     lim = Limits.of(KeyPolicy(rpm=2, window_seconds=0.3), NOW)
@@ -265,7 +298,7 @@ async def test_clients_starting_together_on_an_empty_database_migrate_it_once(cl
     assert await asyncio.gather(*(s.auth_enabled() for s in stores)) == [False] * 4
     db: Database = stores[0].db  # type: ignore[attr-defined]
     async with db.connection() as conn:
-        assert await conn.fetchval("SELECT version FROM schema_versions WHERE component = 'tenancy'") == 1
+        assert await conn.fetchval("SELECT version FROM schema_versions WHERE component = 'tenancy'") == len(STEPS)
 
 
 # -- faults ----------------------------------------------------------------------------------
