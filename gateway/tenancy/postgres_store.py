@@ -6,8 +6,11 @@ transaction, one round trip) that first takes a transaction-scoped advisory lock
 (`pg_advisory_xact_lock`), then reads the tenant's counters, decides and charges; so the reserves
 of one tenant are serialized across every gateway and no two of them both take the last unit.
 Other tenants never wait for it. The decision is `limits.check`'s rule in SQL, as the Redis store
-has it in Lua (tests/unit/tenancy/test_postgres_store.py holds the two to each other). Settlements
-only add (relative updates under row locks), so they take no tenant lock.
+has it in Lua (tests/unit/tenancy/test_postgres_store.py holds the two to each other).
+
+Locks: every write to a tenant's rows (reserve, settle, renew, release_leases) first takes that
+tenant's lock, and only `renew` takes several (in one order), so two writers never wait on each
+other's row locks in a cycle: without it a settle and a reserve of one busy key deadlocked.
 
 Time: windows, leases and the applied-ids table use the database's clock (`clock_timestamp()`),
 one clock for every gateway whatever their own clocks say.
@@ -18,6 +21,7 @@ starts while the database is down comes up and migrates when it answers)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -163,43 +167,59 @@ STEPS: tuple[str, ...] = (
     END
     $$
     """,
+    # One settlement, applied once (its id new in tenancy_applied), under the tenant's lock like a reserve:
+    # every write to a tenant's rows (windows, budgets, leases, usage) is made holding that one lock, so two
+    # writers never take two row locks in opposite orders (the settles of one tenant deadlocked without it).
+    f"""
+    CREATE FUNCTION tenancy_settle(
+        p_name text, p_request text, p_release boolean, p_delta bigint, p_tpm boolean, p_budget boolean,
+        p_window bigint, p_period text, p_usage_name text, p_model text, p_day text,
+        {", ".join(f"p_{f} bigint" for f in USAGE_FIELDS)}) RETURNS boolean
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        now_ms bigint;
+    BEGIN
+        PERFORM pg_advisory_xact_lock({LOCK_CLASS}, hashtext(p_name));
+        now_ms := {NOW_MS};
+        INSERT INTO tenancy_applied (id, at_ms) VALUES ('s:' || p_request, now_ms) ON CONFLICT (id) DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN false;  -- applied before (a replay after a timeout, or a spool written twice)
+        END IF;
+        IF p_release THEN
+            DELETE FROM tenancy_leases WHERE name = p_name AND request_id = p_request;
+        END IF;
+        IF p_tpm AND p_delta <> 0 THEN
+            INSERT INTO tenancy_windows AS w (name, kind, started_ms, count)
+            VALUES (p_name, 'tokens', now_ms, GREATEST(p_delta, 0))
+            ON CONFLICT (name, kind) DO UPDATE SET
+                count = CASE WHEN now_ms - w.started_ms >= p_window THEN GREATEST(p_delta, 0)
+                             ELSE GREATEST(w.count + p_delta, 0) END,
+                started_ms = CASE WHEN now_ms - w.started_ms >= p_window THEN now_ms ELSE w.started_ms END;
+        END IF;
+        IF p_budget AND p_delta <> 0 THEN
+            INSERT INTO tenancy_budgets AS b (name, period, used) VALUES (p_name, p_period, GREATEST(p_delta, 0))
+            ON CONFLICT (name, period) DO UPDATE SET used = GREATEST(b.used + p_delta, 0);
+        END IF;
+        INSERT INTO tenancy_usage AS u (name, model, day, {", ".join(USAGE_FIELDS)})
+        VALUES (p_usage_name, p_model, p_day, {", ".join(f"p_{f}" for f in USAGE_FIELDS)})
+        ON CONFLICT (name, day, model) DO UPDATE SET
+            {", ".join(f"{f} = u.{f} + EXCLUDED.{f}" for f in USAGE_FIELDS)};
+        RETURN true;
+    END
+    $$
+    """,
 )
 RESERVE = "SELECT * FROM tenancy_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 
 SET_AUTH = ("INSERT INTO tenancy_meta (key, value) VALUES ('auth', $1) "
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value")
 
-# One settlement, one statement, applied once: every write is gated on its id being new in tenancy_applied
-# (which is pruned of ids older than APPLIED_KEEP_MS here too). $1 applied id, $2 name, $3 request id,
-# $4 release, $5 token delta, $6 tpm set, $7 budget set, $8 window_ms, $9 budget period, $10 keep ms,
-# then the usage row: $11 name, $12 model, $13 day, $14.. the usage fields.
-SETTLE = f"""
-WITH pruned AS (
-    DELETE FROM tenancy_applied WHERE at_ms < {NOW_MS} - $10::bigint
-), fresh AS (
-    INSERT INTO tenancy_applied (id, at_ms) VALUES ($1::text, {NOW_MS}) ON CONFLICT (id) DO NOTHING RETURNING at_ms
-), lease AS (
-    DELETE FROM tenancy_leases WHERE $4::boolean AND name = $2::text AND request_id = $3::text
-        AND EXISTS (SELECT 1 FROM fresh)
-), tokens AS (
-    INSERT INTO tenancy_windows AS w (name, kind, started_ms, count)
-    SELECT $2::text, 'tokens', f.at_ms, GREATEST($5::bigint, 0) FROM fresh f WHERE $6::boolean AND $5::bigint <> 0
-    ON CONFLICT (name, kind) DO UPDATE SET
-        count = CASE WHEN EXCLUDED.started_ms - w.started_ms >= $8::bigint THEN GREATEST($5::bigint, 0)
-                     ELSE GREATEST(w.count + $5::bigint, 0) END,
-        started_ms = CASE WHEN EXCLUDED.started_ms - w.started_ms >= $8::bigint THEN EXCLUDED.started_ms
-                          ELSE w.started_ms END
-), budget AS (
-    INSERT INTO tenancy_budgets AS b (name, period, used)
-    SELECT $2::text, $9::text, GREATEST($5::bigint, 0) FROM fresh WHERE $7::boolean AND $5::bigint <> 0
-    ON CONFLICT (name, period) DO UPDATE SET used = GREATEST(b.used + $5::bigint, 0)
-), usage AS (
-    INSERT INTO tenancy_usage AS u (name, model, day, {', '.join(USAGE_FIELDS)})
-    SELECT $11::text, $12::text, $13::text, {', '.join(f'${14 + i}::bigint' for i in range(len(USAGE_FIELDS)))} FROM fresh
-    ON CONFLICT (name, day, model) DO UPDATE SET {', '.join(f'{f} = u.{f} + EXCLUDED.{f}' for f in USAGE_FIELDS)}
-)
-SELECT count(*) FROM fresh
-"""
+SETTLE = f"SELECT tenancy_settle({', '.join(f'${i}' for i in range(1, 12 + len(USAGE_FIELDS)))})"
+PRUNE_EVERY_S = 60.0
+PRUNE = ("DELETE FROM tenancy_applied WHERE id IN (SELECT id FROM tenancy_applied WHERE at_ms < "
+         f"{NOW_MS} - $1 ORDER BY at_ms LIMIT 10000 FOR UPDATE SKIP LOCKED)")
+"""Forgets applied ids older than APPLIED_KEEP_MS, a bounded batch at a time, never waiting for a row
+another gateway is pruning (every gateway prunes, at most once a minute)."""
 
 
 def _record(raw: str | None) -> KeyRecord | None:
@@ -214,6 +234,7 @@ class PostgresKeyStore:
         """True for a store with its own pool (`enginegate keys`); a gateway's stores share the app's."""
         self._migrated = False
         self._migrating = asyncio.Lock()
+        self._pruned_at = -PRUNE_EVERY_S
 
     def describe(self) -> str:
         return self.db.describe()
@@ -307,34 +328,56 @@ class PostgresKeyStore:
         return Decision(limits, counters, row["o_refused"])
 
     async def renew(self, leases: list[tuple[str, str]]) -> None:
+        """One transaction that takes the locks of every tenant it renews, in one order (the lock keys'),
+        as the only writer that holds more than one: no cycle with a reserve or a settle."""
         if not leases:
             return
         names, ids = [n for n, _ in leases], [r for _, r in leases]
-        await self._run(lambda c: c.execute(
-            f"UPDATE tenancy_leases AS l SET expires_ms = {NOW_MS} + $3 FROM unnest($1::text[], $2::text[]) AS x(name, id) "
-            f"WHERE l.name = x.name AND l.request_id = x.id AND l.expires_ms > {NOW_MS}",
-            names, ids, self.lease_ttl_ms))
+
+        async def work(c: asyncpg.Connection) -> None:
+            await c.execute(
+                f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, k) FROM "
+                "(SELECT DISTINCT hashtext(n) AS k FROM unnest($1::text[]) AS n) AS t ORDER BY k", names)
+            await c.execute(
+                f"UPDATE tenancy_leases AS l SET expires_ms = {NOW_MS} + $3 FROM unnest($1::text[], $2::text[]) "
+                f"AS x(name, id) WHERE l.name = x.name AND l.request_id = x.id AND l.expires_ms > {NOW_MS}",
+                names, ids, self.lease_ttl_ms)
+
+        await self._run(work, transaction=True)
 
     async def release_leases(self, name: str) -> int:
-        return int(await self._run(lambda c: c.fetchval(
-            f"WITH gone AS (DELETE FROM tenancy_leases WHERE name = $1 RETURNING expires_ms) "
-            f"SELECT count(*) FROM gone WHERE expires_ms > {NOW_MS}", name)))
+        async def work(c: asyncpg.Connection) -> int:
+            await c.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", LOCK_CLASS, name)
+            return int(await c.fetchval(
+                f"WITH gone AS (DELETE FROM tenancy_leases WHERE name = $1 RETURNING expires_ms) "
+                f"SELECT count(*) FROM gone WHERE expires_ms > {NOW_MS}", name))
+
+        return await self._run(work, transaction=True)
 
     async def settle(self, settlements: list[Settlement]) -> None:
+        """One statement per settlement, each its own transaction: a batch (buffered usage written after an
+        outage) never holds two tenants' locks at once. Each is applied once, so a batch cut short and
+        replayed whole charges nothing twice."""
         if not settlements:
             return
         rows = [self._settle_args(s) for s in settlements]
-        if len(rows) == 1:  # the common case: one statement, one round trip
-            await self._run(lambda c: c.execute(SETTLE, *rows[0]))
-            return
-        await self._run(lambda c: c.executemany(SETTLE, rows), transaction=True)
+
+        async def work(c: asyncpg.Connection) -> None:
+            for row in rows:
+                await c.execute(SETTLE, *row)
+            now = time.monotonic()
+            if now - self._pruned_at >= PRUNE_EVERY_S:
+                self._pruned_at = now
+                await c.execute(PRUNE, APPLIED_KEEP_MS)
+
+        await self._run(work)
 
     @staticmethod
     def _settle_args(s: Settlement) -> tuple[Any, ...]:
         limits, u = s.limits, s.usage
-        return ("s:" + s.request_id, s.name, s.request_id, s.release, s.token_delta, bool(limits and limits.tpm),
+        return (s.name, s.request_id, s.release, s.token_delta, bool(limits and limits.tpm),
                 bool(limits and limits.budget), limits.window_ms if limits else 1, limits.budget_period if limits else "-",
-                APPLIED_KEEP_MS, u.name, u.model, u.day, *(getattr(u, f) for f in USAGE_FIELDS))
+                u.name, u.model, u.day, *(getattr(u, f) for f in USAGE_FIELDS))
 
     async def usage(self, name: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
         rows = await self._run(lambda c: c.fetch(

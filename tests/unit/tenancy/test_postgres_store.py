@@ -293,6 +293,28 @@ async def test_limits_are_exact_under_60_concurrent_reserves_from_two_clients(cl
     assert {d.refused for d in again if not d.admitted} <= {"concurrency", "budget"}
 
 
+async def test_one_tenants_reserves_settles_and_renewals_at_once_never_deadlock(clients: Clients) -> None:
+    """What a busy key does on two gateways: every request a reserve, then its settle, while the
+    gateways renew leases; before settles took the tenant's lock, this failed with deadlocks and
+    statement timeouts."""
+    a, b = clients(), clients()
+    lim = limits(rpm=10**9, tpm=10**12, max_concurrency=10**6, budget_tokens=10**12)
+
+    async def request(store: KeyStore, rid: str) -> None:
+        assert (await store.reserve("busy", lim, 10, rid)).admitted
+        await store.renew([("busy", rid), ("other", "x")])
+        await store.settle([settlement(rid, "busy", lim, delta=5)])
+
+    async def worker(w: int) -> None:
+        for i in range(20):
+            await request([a, b][w % 2], f"w{w}-{i}")
+
+    await asyncio.gather(*(worker(w) for w in range(32)))
+    assert [(r["requests"], r["completion_tokens"]) for r in await a.usage("busy")] == [(640, 3200)]
+    last = await b.reserve("busy", lim, 0, "last")
+    assert last.counters.budget_used == 640 * 15 and last.counters.inflight == 1 and last.counters.requests == 641
+
+
 async def test_clients_starting_together_on_an_empty_database_migrate_it_once(clients: Clients) -> None:
     stores = [clients() for _ in range(4)]
     assert await asyncio.gather(*(s.auth_enabled() for s in stores)) == [False] * 4
