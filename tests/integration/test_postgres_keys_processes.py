@@ -159,6 +159,9 @@ def test_the_database_stopped_answers_503_in_time_and_the_next_request_after_it_
                 assert r.json()["error"]["code"] == "store_unavailable" and int(r.headers["retry-after"]) > 0
             assert httpx.get(gw.url + "/health", timeout=10).status_code == 200  # needs no database
             assert chat(gw, ADMIN_SECRET).status_code == 200  # the config file's key needs no store to authenticate
+        down = enginegate(url.replace("eg@", "eg:pw-s3cret@"), "keys", "list")
+        assert down.returncode == 1 and "127.0.0.1" in down.stderr and "pw-s3cret" not in down.stderr + down.stdout
+        assert "Traceback" not in down.stderr
     finally:
         server.start()
     for gw in gateways:  # no restart: the very next request after the database is back is served
