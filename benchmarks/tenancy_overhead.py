@@ -1,5 +1,6 @@
 """What do keys and limits cost per request? The relay with tenancy off, with the SQLite key
-store and with Redis, interleaved in one run (and a config-file key without limits: the common case).
+store, with Redis and with PostgreSQL (`database_url`), interleaved in one run (and a config-file key
+without limits: the common case).
 
     python -m benchmarks.tenancy_overhead [--requests 2000] [--rounds 3]
 
@@ -8,8 +9,10 @@ Upstream: the engine emulator on loopback (vLLM style, instant). Each variant is
 adapter. The keyed variants send a key from the store with rpm, tpm, a concurrency cap and a token
 budget (all far above the load), so every request is authenticated by a store lookup, reserved
 (one atomic decision) and settled (one atomic write). `static` is a plain `api_keys` string: no
-lookup, no limits, one usage write after the response (SQLite). Reports p50 latency at concurrency 1 and
-requests/s at concurrency 32, each the median of the rounds, and the difference to tenancy off.
+lookup, no limits, one usage write after the response (SQLite). `postgres` is a real PostgreSQL
+(Debian's, tests/postgres_server.py) on loopback. Reports p50 latency at concurrency 1 and
+requests/s at concurrency 32, each the median of the rounds, the difference to tenancy off, and
+PostgreSQL against SQLite (the same key with limits).
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from tests.emulators.fixture import free_port
 SECRET = "bench-secret-0123456789abcdef"
 TARGET_ADDED_P50_MS = 0.2
 TARGET_RPS_RATIO = 0.85
-VARIANTS = ("off", "static", "sqlite", "redis")
+VARIANTS = ("off", "static", "sqlite", "redis", "postgres")
 
 
-def serve_gateway(port: int, upstream: str, variant: str, data: str, redis_url: str | None) -> int:
+def serve_gateway(port: int, upstream: str, variant: str, data: str, redis_url: str | None,
+                  database_url: str | None) -> int:
     import uvicorn
 
     from gateway.app import create_app
@@ -45,8 +49,9 @@ def serve_gateway(port: int, upstream: str, variant: str, data: str, redis_url: 
     models.add(Backend(model_id="fast", adapter=registry.create("openai", config), admission=Admission(1024, 4096)))
     tenancy = {"path": Path(data) / "keys.sqlite3", **({"redis_url": redis_url} if variant == "redis" else {})}
     static = (SECRET,) if variant == "static" else ()
-    settings = Settings(port=port, tenancy=tenancy, api_keys=static)
-    if variant in ("sqlite", "redis"):
+    database = {"database_url": database_url} if variant == "postgres" else {}
+    settings = Settings(port=port, tenancy=tenancy, api_keys=static, **database)
+    if variant in ("sqlite", "redis", "postgres"):
         asyncio.run(_seed_key(settings))
     app = create_app(settings, Runtime(settings=settings, models=models))
     uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning",
@@ -56,9 +61,9 @@ def serve_gateway(port: int, upstream: str, variant: str, data: str, redis_url: 
 
 async def _seed_key(settings: object) -> None:
     from gateway.tenancy.keys import KeyPolicy, KeyRecord, hash_secret
-    from gateway.tenancy.setup import open_store
+    from gateway.tenancy.setup import open_database, open_store
 
-    store = open_store(settings.tenancy)  # type: ignore[attr-defined]
+    store = open_store(settings.tenancy, open_database(settings), owns_database=True)  # type: ignore[arg-type, attr-defined]
     policy = KeyPolicy(rpm=10**9, tpm=10**12, max_concurrency=10**6, budget_tokens=10**12)
     try:
         await store.create(KeyRecord("bench", hash_secret(SECRET), policy, 0.0))
@@ -89,25 +94,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--upstream", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--redis-url", help=argparse.SUPPRESS)
+    p.add_argument("--database-url", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_gateway:
-        return serve_gateway(args.port, args.upstream, args.serve_gateway, args.data, args.redis_url)
+        return serve_gateway(args.port, args.upstream, args.serve_gateway, args.data, args.redis_url, args.database_url)
 
+    from tests.postgres_server import postgres_server
     from tests.redis_server import redis_server
 
     upstream_port = free_port()
     procs = [spawn(["tests.emulators.engine_emulator", "--style", "vllm", "--port", str(upstream_port), "--tokens", "16"])]
-    with tempfile.TemporaryDirectory(prefix="enginegate-bench-") as data, redis_server(fsync_always=False) as redis:
+    with tempfile.TemporaryDirectory(prefix="enginegate-bench-") as data, redis_server(fsync_always=False) as redis, \
+            postgres_server() as postgres:
         try:
             wait_http(f"http://127.0.0.1:{upstream_port}/health", procs[0])
             urls: dict[str, str] = {}
+            database_url = postgres.createdb("bench")
             for variant in VARIANTS:
                 port = free_port()
                 folder = Path(data) / variant
                 folder.mkdir()
                 procs.append(spawn(["benchmarks.tenancy_overhead", "--serve-gateway", variant, "--port", str(port),
                                     "--upstream", f"http://127.0.0.1:{upstream_port}", "--data", str(folder),
-                                    "--redis-url", redis.url]))
+                                    "--redis-url", redis.url, "--database-url", database_url]))
                 wait_http(f"http://127.0.0.1:{port}/ready", procs[-1])
                 urls[variant] = f"http://127.0.0.1:{port}/v1/chat/completions"
             r = asyncio.run(measure(urls, args.requests, args.rounds))
@@ -124,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "" if variant == "off" else (
             f"{'met' if added <= TARGET_ADDED_P50_MS else 'MISSED'} / {'met' if ratio >= TARGET_RPS_RATIO else 'MISSED'}")
         print(f"| {variant} | {v['p50_ms']:.2f} | {added:+.2f} | {v['rps32']:.0f} | {ratio:.0%} | {verdict} |")
+    pg, lite = r["postgres"], r["sqlite"]
+    print(f"\nPostgreSQL against SQLite, the same key with limits: p50 c=1 {pg['p50_ms']:.2f} / {lite['p50_ms']:.2f} ms "
+          f"= {pg['p50_ms'] / lite['p50_ms']:.2f}x ({pg['p50_ms'] - lite['p50_ms']:+.2f} ms), "
+          f"req/s c=32 {pg['rps32']:.0f} / {lite['rps32']:.0f} = {pg['rps32'] / lite['rps32']:.0%}")
     return 0
 
 

@@ -55,7 +55,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.response_store = responses.build_store(settings, app.state.database)
     app.state.drain = Drain(settings.shutdown_grace_seconds, settings.retry_after_seconds)
     app.state.startup_error = None
-    app.state.tenancy = build_tenancy(settings, app.state.metrics.registry)
+    app.state.tenancy = build_tenancy(settings, app.state.metrics.registry, app.state.database)
     install_error_handlers(app)
     install_openapi(app)
     for module in (chat, completions, embeddings, responses, messages, models, health, observe, status, engines, admin_models, admin_keys):

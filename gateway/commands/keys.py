@@ -1,5 +1,7 @@
-"""`enginegate keys create|list|revoke|rotate|release-leases|auth-off`: the key store the gateway reads (the same file or
-Redis as `serve` with the same config; no config: $XDG_DATA_HOME/enginegate/keys.sqlite3)."""
+"""`enginegate keys create|list|revoke|rotate|release-leases|auth-off`: the key store the gateway reads (the
+same PostgreSQL database, file or Redis as `serve` with the same config and environment, ENGINEGATE_DATABASE_URL
+included; no config: $XDG_DATA_HOME/enginegate/keys.sqlite3). Against PostgreSQL the command opens its own
+pool and migrates the schema when it is new."""
 
 from __future__ import annotations
 
@@ -51,11 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def with_store(config: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
     from gateway.config import load_settings
-    from gateway.tenancy.setup import open_store
+    from gateway.tenancy.setup import open_database, open_store
 
-    store = open_store(load_settings(config).tenancy)
+    settings = load_settings(config)
 
     async def go() -> T:
+        store = open_store(settings.tenancy, open_database(settings), owns_database=True)
         try:
             return await work(store)
         finally:

@@ -1,0 +1,395 @@
+"""The KeyStore contract against a real PostgreSQL (tests/postgres_server.py): the PostgreSQL store
+(gateway/tenancy/postgres_store.py) with each client its own pool on one database, as two gateways
+have. The cases are those of the contract table (tests/unit/tenancy/test_store_contract.py), plus
+what only a server database shows: exact limits under a burst of 60 reserves from two clients, the
+schema migrated once by clients starting together, the ledger's upserts, and the database stopped
+and started again.
+
+`postgres_store` is the maker the contract table takes (`STORES["postgres"] = postgres_store`)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gateway.database import Database
+from gateway.tenancy.keys import KeyPolicy, hash_secret, new_record
+from gateway.tenancy.limits import Counters, Limits, check
+from gateway.tenancy.postgres_store import STEPS, PostgresKeyStore
+from gateway.tenancy.store import KeyExists, KeysActive, KeyStore, Settlement, StoreUnavailable, UsageDelta
+from tests.postgres_server import PostgresServer, postgres, postgres_server, postgres_url  # noqa: F401  (fixtures)
+
+NOW = 1_796_165_000.0  # 2026-12-01
+SHORT_TTL_MS = 400  # the lease tests' expiry (LEASE_TTL_MS is 30 s in production)
+TIMEOUT_S = 2.0
+Maker = Callable[[int], Any]
+
+
+def postgres_store(request: pytest.FixtureRequest, tmp_path: Path) -> Maker:
+    """Clients of one fresh database, each with its own pool (a gateway process each)."""
+    url: str = request.getfixturevalue("postgres_url")
+    return lambda ttl: PostgresKeyStore(Database(url, TIMEOUT_S), lease_ttl_ms=ttl, owns_database=True)
+
+
+class Clients:
+    def __init__(self, maker: Maker) -> None:
+        self.maker = maker
+        self.made: list[Any] = []
+
+    def __call__(self, lease_ttl_ms: int = 30_000) -> KeyStore:
+        store = self.maker(lease_ttl_ms)
+        self.made.append(store)
+        return store  # type: ignore[no-any-return]
+
+
+@pytest_asyncio.fixture
+async def clients(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Clients]:
+    made = Clients(postgres_store(request, tmp_path))
+    yield made
+    for store in made.made:
+        await store.close()
+
+
+def limits(**fields: Any) -> Limits:
+    return Limits.of(KeyPolicy(**fields), NOW)
+
+
+def settlement(request_id: str, name: str, lim: Limits | None, delta: int = 0, release: bool = True) -> Settlement:
+    return Settlement(request_id, name, lim, delta, release,
+                      UsageDelta(name, "m", "2026-12-01", requests=1, prompt_tokens=4, completion_tokens=delta))
+
+
+# -- keys ------------------------------------------------------------------------------------
+async def test_key_lifecycle_across_two_clients(clients: Clients) -> None:
+    a, b = clients(), clients()
+    record, secret = new_record("team-a", KeyPolicy(rpm=5, models=("m",)), now=1.0)
+    await a.create(record)
+    found = await b.lookup(hash_secret(secret))
+    assert found is not None and found.name == "team-a" and found.policy.rpm == 5 and found.policy.models == ("m",)
+    with pytest.raises(KeyExists):
+        await b.create(new_record("team-a", KeyPolicy())[0])
+    new_hash = hash_secret("rotated")
+    assert (await b.replace_secret("team-a", new_hash)) is not None
+    assert await a.lookup(hash_secret(secret)) is None and await a.lookup(new_hash) is not None
+    revoked = await a.revoke("team-a", 5.0)
+    assert revoked is not None and revoked.revoked_at == 5.0
+    assert await b.lookup(new_hash) is None  # a revoked key keeps no hash: gone for every gateway at once
+    assert await b.revoke("team-a", 6.0) is None and await b.replace_secret("team-a", "x") is None
+    assert [(r.name, r.revoked_at) for r in await b.list()] == [("team-a", 5.0)]
+    again, again_secret = new_record("team-a", KeyPolicy())
+    await b.create(again)  # a revoked name may be taken again
+    assert (await a.lookup(hash_secret(again_secret))) is not None
+    assert await a.get("nobody") is None and await a.lookup("no-such-hash") is None
+
+
+async def test_keys_are_on_from_the_first_key_until_disable_auth(clients: Clients) -> None:
+    a, b = clients(), clients()
+    assert not await a.auth_enabled()
+    await a.create(new_record("only", KeyPolicy(role="admin"))[0])
+    assert await a.auth_enabled() and await b.auth_enabled()
+    with pytest.raises(KeysActive):
+        await b.disable_auth()
+    assert await a.auth_enabled()
+    assert await a.revoke("only", 1.0) is not None
+    assert await a.auth_enabled() and await b.auth_enabled()  # every key revoked: keys are still required
+    await b.disable_auth()
+    assert not await a.auth_enabled() and not await b.auth_enabled()
+    await b.disable_auth()  # twice: still off, no error
+    await a.create(new_record("again", KeyPolicy())[0])
+    assert await b.auth_enabled()
+
+
+async def test_disable_auth_racing_a_create_never_leaves_an_active_key_with_auth_off(clients: Clients) -> None:
+    a, b = clients(), clients()
+    await a.create(new_record("first", KeyPolicy())[0])
+    await a.revoke("first", 1.0)
+    for i in range(10):
+        results = await asyncio.gather(a.create(new_record(f"k{i}", KeyPolicy())[0]), b.disable_auth(),
+                                       return_exceptions=True)
+        assert results[0] is None and (results[1] is None or isinstance(results[1], KeysActive))
+        assert await a.auth_enabled()  # a key is active: whichever ran first, keys are on
+        await a.revoke(f"k{i}", 2.0)
+
+
+# -- accounting ------------------------------------------------------------------------------
+async def test_a_replayed_reserve_is_admitted_without_a_second_charge(clients: Clients) -> None:
+    a, b = clients(), clients()
+    lim = limits(rpm=2, tpm=1000, budget_tokens=100, max_concurrency=5)
+    assert (await a.reserve("k", lim, 10, "r1")).admitted
+    again = await b.reserve("k", lim, 10, "r1")  # the same id from the other client: a retry after a timeout
+    assert again.admitted
+    c = again.counters
+    assert (c.requests, c.tokens, c.inflight, c.budget_used) == (1, 10, 1, 10)
+    second = await a.reserve("k", lim, 10, "r2")
+    assert second.admitted and second.counters.requests == 2 and second.counters.budget_used == 20
+    assert (await a.reserve("k", lim, 10, "r3")).refused == "requests"
+
+
+async def test_a_replayed_settle_changes_nothing(clients: Clients) -> None:
+    a, b = clients(), clients()
+    lim = limits(max_concurrency=2, budget_tokens=100, tpm=1000)
+    assert (await a.reserve("s", lim, 10, "r1")).admitted and (await a.reserve("s", lim, 10, "r2")).admitted
+    done = settlement("r1", "s", lim, delta=5)
+    await a.settle([done])
+    await b.settle([done])
+    await a.settle([done, done])  # twice in one batch too (a spool replayed after a flush that did write)
+    third = await b.reserve("s", lim, 10, "r3")
+    assert third.admitted and third.counters.inflight == 2  # r1's slot freed once: r2's is still held
+    assert third.counters.budget_used == 10 + 10 + 5 + 10 and third.counters.tokens == 35
+    assert (await a.reserve("s", lim, 10, "r4")).refused == "concurrency"
+    rows = await a.usage("s")
+    assert [(r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [(1, 4, 5)]
+
+
+async def test_a_refund_never_takes_a_counter_below_zero(clients: Clients) -> None:
+    a = clients()
+    lim = limits(tpm=100, budget_tokens=100)
+    assert (await a.reserve("z", lim, 10, "r1")).admitted
+    await a.settle([settlement("r1", "z", lim, delta=-50)])
+    d = await a.reserve("z", lim, 100, "r2")  # both back at 0: a 100-token request fits exactly
+    assert d.admitted and d.counters.tokens == 100 and d.counters.budget_used == 100
+    assert (await a.reserve("z", lim, 1, "r3")).refused == "tokens"
+
+
+async def test_a_refusal_settled_under_the_reserves_id_is_written_once(clients: Clients) -> None:
+    a = clients()
+    lim = limits(rpm=1)
+    assert (await a.reserve("q", lim, 1, "ok")).admitted
+    assert (await a.reserve("q", lim, 1, "no")).refused == "requests"
+    rejected = Settlement("no", "q", None, 0, False, UsageDelta("q", "m", "2026-12-01", rejected=1))
+    await a.settle([rejected])
+    await a.settle([rejected])
+    await a.settle([settlement("ok", "q", lim, release=False)])  # the reserve's id does not block its settle
+    assert [(r["requests"], r["rejected"]) for r in await a.usage("q")] == [(1, 1)]
+
+
+async def test_the_ledger_adds_up_per_key_model_and_day(clients: Clients) -> None:
+    a, b = clients(), clients()
+    for i, (store, model, day) in enumerate([(a, "m1", "2026-12-01"), (b, "m1", "2026-12-01"), (a, "m2", "2026-12-01"),
+                                             (b, "m1", "2026-12-02")]):
+        await store.settle([Settlement(f"u{i}", "led", None, 0, False,
+                                       UsageDelta("led", model, day, requests=1, prompt_tokens=3, engine_ms=7))])
+    await a.settle([Settlement("x", "other", None, 0, False, UsageDelta("other", "m1", "2026-12-02", errors=1))])
+    rows = await b.usage("led")
+    assert [(r["day"], r["model"], r["requests"], r["prompt_tokens"], r["engine_ms"]) for r in rows] == [
+        ("2026-12-01", "m1", 2, 6, 14), ("2026-12-01", "m2", 1, 3, 7), ("2026-12-02", "m1", 1, 3, 7)]
+    assert [(r["name"], r["day"]) for r in await a.usage(since="2026-12-02")] == [("led", "2026-12-02"), ("other", "2026-12-02")]
+    assert all(isinstance(r["requests"], int) for r in rows)
+
+
+RULE_CASES = {
+    "rpm": {"rpm": 6}, "tpm": {"tpm": 50}, "concurrency": {"max_concurrency": 3}, "budget": {"budget_tokens": 90},
+    "all": {"rpm": 9, "tpm": 80, "max_concurrency": 4, "budget_tokens": 120},
+}
+
+
+@pytest.mark.parametrize("case", list(RULE_CASES))
+async def test_the_sql_decision_is_limits_check(clients: Clients, case: str) -> None:
+    """Every decision the database makes is the one limits.check makes on the counters it found (as
+    found when refused; after the charge when admitted), through refusals, refunds and releases."""
+    a = clients()
+    lim = limits(**RULE_CASES[case])
+    rng = random.Random(case)
+    seen: set[str | None] = set()
+    held: list[str] = []
+    for i in range(40):
+        cost = rng.choice([0, 1, 5, 20, 45, 60])
+        d = await a.reserve(case, lim, cost, f"{case}{i}")
+        seen.add(d.refused)
+        if d.refused:
+            assert check(lim, d.counters, cost) == d.refused
+        else:
+            c = d.counters
+            before = Counters(c.requests - 1, c.requests_reset_ms, c.tokens - cost, c.tokens_reset_ms,
+                              c.inflight - 1, c.budget_used - cost)
+            assert check(lim, before, cost) is None
+            held.append(f"{case}{i}")
+        if held and rng.random() < 0.4:  # a request ends: its lease back, part of its charge refunded
+            await a.settle([settlement(held.pop(0), case, lim, delta=-rng.choice([0, 3, 10]))])
+    assert None in seen and len(seen) >= 2  # both answers happened
+
+
+async def test_a_window_starts_again_once_it_ended(clients: Clients) -> None:
+    a = clients()
+    lim = Limits.of(KeyPolicy(rpm=2, window_seconds=0.3), NOW)
+    assert (await a.reserve("w", lim, 1, "w1")).admitted and (await a.reserve("w", lim, 1, "w2")).admitted
+    refused = await a.reserve("w", lim, 1, "w3")
+    assert refused.refused == "requests" and 0 < refused.counters.requests_reset_ms <= 300
+    await asyncio.sleep(0.4)
+    back = await a.reserve("w", lim, 1, "w4")
+    assert back.admitted and back.counters.requests == 1
+
+
+async def test_a_lease_not_renewed_expires(clients: Clients) -> None:
+    a, b = clients(SHORT_TTL_MS), clients(SHORT_TTL_MS)
+    lim = limits(max_concurrency=1)
+    assert (await a.reserve("l", lim, 1, "r1")).admitted  # and its gateway dies: never settled, never renewed
+    assert (await b.reserve("l", lim, 1, "r2")).refused == "concurrency"
+    await asyncio.sleep(SHORT_TTL_MS / 1000 + 0.15)
+    back = await b.reserve("l", lim, 1, "r3")
+    assert back.admitted and back.counters.inflight == 1
+
+
+async def test_a_renewed_lease_is_kept_and_expires_once_renewing_stops(clients: Clients) -> None:
+    a, b = clients(SHORT_TTL_MS), clients(SHORT_TTL_MS)
+    lim = limits(max_concurrency=1)
+    assert (await a.reserve("n", lim, 1, "r1")).admitted
+    for _ in range(4):  # twice the expiry in all
+        await asyncio.sleep(SHORT_TTL_MS / 2000)
+        await a.renew([("n", "r1"), ("n", "unknown"), ("other", "r1")])
+    assert (await b.reserve("n", lim, 1, "r2")).refused == "concurrency"
+    await a.renew([])
+    await asyncio.sleep(SHORT_TTL_MS / 1000 + 0.15)
+    assert (await b.reserve("n", lim, 1, "r3")).admitted
+
+
+async def test_an_expired_lease_is_not_brought_back_by_renew(clients: Clients) -> None:
+    a = clients(SHORT_TTL_MS)
+    lim = limits(max_concurrency=1)
+    assert (await a.reserve("e", lim, 1, "r1")).admitted
+    await asyncio.sleep(SHORT_TTL_MS / 1000 + 0.15)
+    assert (await a.reserve("e", lim, 1, "r2")).admitted
+    await a.renew([("e", "r1")])  # r1's gateway wakes up: it gets no second slot
+    assert (await a.reserve("e", lim, 1, "r3")).refused == "concurrency"
+
+
+async def test_release_leases_ends_one_tenants_leases(clients: Clients) -> None:
+    a, b = clients(), clients()
+    lim, one = limits(max_concurrency=2), limits(max_concurrency=1)
+    assert all([(await a.reserve("t", lim, 1, f"t{i}")).admitted for i in range(2)])
+    assert (await a.reserve("other", one, 1, "o1")).admitted
+    assert await b.release_leases("t") == 2
+    assert await b.release_leases("t") == 0 and await b.release_leases("nobody") == 0
+    assert (await a.reserve("t", lim, 1, "t2")).admitted and (await a.reserve("t", lim, 1, "t3")).admitted
+    await a.settle([settlement("t0", "t", lim)])  # a settle of a lease the reset ended frees no other
+    assert (await a.reserve("t", lim, 1, "t4")).refused == "concurrency"
+    assert (await b.reserve("other", one, 1, "o2")).refused == "concurrency"
+
+
+async def test_limits_are_exact_under_60_concurrent_reserves_from_two_clients(clients: Clients) -> None:
+    a, b = clients(), clients()
+    rpm = limits(rpm=17)
+    decisions = await asyncio.gather(*(([a, b][i % 2]).reserve("burst", rpm, 1, f"b{i}") for i in range(60)))
+    assert sum(d.admitted for d in decisions) == 17
+    assert sorted(d.counters.requests for d in decisions if d.admitted) == list(range(1, 18))
+    assert {d.refused for d in decisions if not d.admitted} == {"requests"}
+
+    conc = limits(max_concurrency=5, budget_tokens=40)
+    ids = [f"c{i}" for i in range(60)]
+    decisions = await asyncio.gather(*(([a, b][i % 2]).reserve("conc", conc, 4, rid) for i, rid in enumerate(ids)))
+    admitted = [rid for rid, d in zip(ids, decisions, strict=True) if d.admitted]
+    assert len(admitted) == 5
+    assert sorted(d.counters.inflight for d in decisions if d.admitted) == [1, 2, 3, 4, 5]
+    await asyncio.gather(*(([a, b][i % 2]).settle([settlement(rid, "conc", conc)]) for i, rid in enumerate(admitted)))
+    again = await asyncio.gather(*(([a, b][i % 2]).reserve("conc", conc, 4, f"d{i}") for i in range(60)))
+    assert sum(d.admitted for d in again) == 5  # the budget (40 = 10 x 4) has room for exactly 5 more
+    assert sorted(d.counters.budget_used for d in again if d.admitted) == [24, 28, 32, 36, 40]
+    assert {d.refused for d in again if not d.admitted} <= {"concurrency", "budget"}
+
+
+async def test_one_tenants_reserves_settles_and_renewals_at_once_never_deadlock(clients: Clients) -> None:
+    """What a busy key does on two gateways: every request a reserve, then its settle, while the
+    gateways renew leases; before settles took the tenant's lock, this failed with deadlocks and
+    statement timeouts."""
+    a, b = clients(), clients()
+    lim = limits(rpm=10**9, tpm=10**12, max_concurrency=10**6, budget_tokens=10**12)
+
+    async def request(store: KeyStore, rid: str) -> None:
+        assert (await store.reserve("busy", lim, 10, rid)).admitted
+        await store.renew([("busy", rid), ("other", "x")])
+        await store.settle([settlement(rid, "busy", lim, delta=5)])
+
+    async def worker(w: int) -> None:
+        for i in range(20):
+            await request([a, b][w % 2], f"w{w}-{i}")
+
+    await asyncio.gather(*(worker(w) for w in range(32)))
+    assert [(r["requests"], r["completion_tokens"]) for r in await a.usage("busy")] == [(640, 3200)]
+    last = await b.reserve("busy", lim, 0, "last")
+    assert last.counters.budget_used == 640 * 15 and last.counters.inflight == 1 and last.counters.requests == 641
+
+
+async def test_clients_starting_together_on_an_empty_database_migrate_it_once(clients: Clients) -> None:
+    stores = [clients() for _ in range(4)]
+    assert await asyncio.gather(*(s.auth_enabled() for s in stores)) == [False] * 4
+    db: Database = stores[0].db  # type: ignore[attr-defined]
+    async with db.connection() as conn:
+        assert await conn.fetchval("SELECT version FROM schema_versions WHERE component = 'tenancy'") == len(STEPS)
+
+
+# -- faults ----------------------------------------------------------------------------------
+async def test_the_database_stopped_is_store_unavailable_in_time_and_started_again_it_answers() -> None:
+    with postgres_server() as server:
+        url = server.createdb().replace("eg@", "eg:s3cret-pw@")  # trust auth: any password; never in a message
+        store = PostgresKeyStore(Database(url, 1.0), owns_database=True)
+        try:
+            record, secret = new_record("f", KeyPolicy(rpm=100))
+            await store.create(record)
+            server.stop()
+            lim = limits(rpm=100)
+            for call in (lambda: store.lookup(hash_secret(secret)), lambda: store.reserve("f", lim, 1, "x"),
+                         lambda: store.settle([settlement("x", "f", lim)]), store.auth_enabled):
+                with pytest.raises(StoreUnavailable) as caught:
+                    await call()
+                assert "s3cret-pw" not in str(caught.value) and "127.0.0.1" in str(caught.value)
+            server.start()
+            found = await store.lookup(hash_secret(secret))  # the same store, no restart: it answers again
+            assert found is not None and found.name == "f"
+            assert (await store.reserve("f", lim, 1, "y")).admitted
+        finally:
+            await store.close()
+
+
+async def test_a_store_made_while_the_database_is_down_migrates_when_it_comes_up() -> None:
+    with postgres_server() as server:
+        url = server.createdb()
+        server.stop()
+        store = PostgresKeyStore(Database(url, 1.0), owns_database=True)
+        try:
+            with pytest.raises(StoreUnavailable):
+                await store.auth_enabled()
+            server.start()
+            assert not await store.auth_enabled()
+            await store.create(new_record("late", KeyPolicy())[0])
+            assert await store.auth_enabled()
+        finally:
+            await store.close()
+
+
+# -- with tenancy.redis_url too: keys and the ledger in PostgreSQL, the counters in Redis --------
+async def test_with_redis_the_keys_and_ledger_are_in_postgres_and_the_counters_in_redis(postgres_url: str) -> None:  # noqa: F811
+    from gateway.config import TenancyConfig
+    from gateway.tenancy.redis_store import RedisKeyStore
+    from gateway.tenancy.setup import open_store
+    from gateway.tenancy.split_store import SplitKeyStore
+    from tests.redis_server import redis_server
+
+    with redis_server() as redis:
+        cfg = TenancyConfig(redis_url=redis.url, redis_prefix="split:")
+        split = open_store(cfg, Database(postgres_url, TIMEOUT_S), owns_database=True)
+        plain_pg = PostgresKeyStore(Database(postgres_url, TIMEOUT_S), owns_database=True)
+        plain_redis = RedisKeyStore(redis.url, "split:")
+        try:
+            assert isinstance(split, SplitKeyStore)
+            record, secret = new_record("both", KeyPolicy(rpm=2))
+            await split.create(record)
+            assert (await plain_pg.lookup(hash_secret(secret))) is not None and await plain_pg.auth_enabled()
+            assert await plain_redis.list() == []  # no key in Redis
+            lim = limits(rpm=2)
+            assert (await split.reserve("both", lim, 1, "r1")).admitted
+            assert (await plain_redis.reserve("both", lim, 1, "r2")).counters.requests == 2  # the counter is Redis's
+            assert (await split.reserve("both", lim, 1, "r3")).refused == "requests"
+            assert (await plain_pg.reserve("both", lim, 1, "r4")).counters.requests == 1  # PostgreSQL holds none
+            await split.settle([settlement("r1", "both", lim)])
+            await split.settle([settlement("r1", "both", lim)])  # replayed: once in the ledger
+            assert [(r["name"], r["requests"]) for r in await split.usage("both")] == [("both", 1)]
+            assert [r["requests"] for r in await plain_pg.usage("both")] == [1]
+        finally:
+            for store in (split, plain_pg, plain_redis):
+                await store.close()
