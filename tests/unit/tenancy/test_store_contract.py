@@ -16,11 +16,14 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from gateway.database import Database
 from gateway.tenancy.keys import KeyPolicy, new_record
 from gateway.tenancy.limits import Limits
+from gateway.tenancy.postgres_store import PostgresKeyStore
 from gateway.tenancy.redis_store import RedisKeyStore
 from gateway.tenancy.sqlite_store import SQLiteKeyStore
 from gateway.tenancy.store import KeysActive, KeyStore, Settlement, UsageDelta
+from tests.postgres_server import postgres, postgres_url  # noqa: F401  (the postgres parameter's fixtures)
 from tests.redis_server import RedisServer, redis_server
 
 NOW = 1_796_165_000.0  # 2026-12-01
@@ -39,9 +42,16 @@ def redis_store(request: pytest.FixtureRequest, tmp_path: Path) -> Maker:
     return lambda ttl: RedisKeyStore(server.url, prefix, lease_ttl_ms=ttl)
 
 
+def postgres_store(request: pytest.FixtureRequest, tmp_path: Path) -> Maker:
+    """Clients of one fresh database, each with its own pool (a gateway process each)."""
+    url: str = request.getfixturevalue("postgres_url")
+    return lambda ttl: PostgresKeyStore(Database(url, 5.0), lease_ttl_ms=ttl, owns_database=True)
+
+
 STORES: dict[str, Callable[[pytest.FixtureRequest, Path], Maker]] = {
     "sqlite": sqlite_store,
     "redis": redis_store,
+    "postgres": postgres_store,
 }
 
 
