@@ -37,7 +37,8 @@ if TYPE_CHECKING:  # asyncpg is an extra: imported only when database_url is set
 
 log = logging.getLogger("enginegate.responses")
 router = APIRouter()
-NAMES = {"tools": "tools", "response_format": "text.format"}
+NAMES = {"tools": "tools", "response_format": "text.format", "tools.function": "", "tools.parameters": "parameters"}
+"""Responses' flat tools (`tools[0].name`, `tools[0].parameters`) for the chat params the checks name."""
 
 
 def build_store(settings: Settings, database: Database | None = None) -> ResponseStore:
@@ -113,7 +114,7 @@ async def create_response(request: Request) -> Response:
     body = to_chat(parsed, history + items)
     fmt = body.get("response_format")
     check_chat(backend, tools=body.get("tools"), response_format=ResponseFormat.model_validate(fmt) if fmt else None,
-               names=NAMES)
+               names=NAMES, tool_choice=body.get("tool_choice"))
     check_modalities(backend, body["messages"], lambda _: "input")
     return await generate(request, backend, "chat", body, True, ResponsesDialect(ResponseShell(parsed), on_done))
 

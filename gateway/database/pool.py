@@ -32,6 +32,15 @@ SERVER_GONE = ("57P01", "57P02")
 """The server ended the session (admin or crash shutdown): the connection is dead."""
 
 
+async def _reset(conn: asyncpg.Connection) -> None:
+    """What a connection needs before its next user: no open transaction. asyncpg's default reset is a
+    round trip on every release (advisory unlocks, CLOSE ALL, UNLISTEN, RESET ALL) for session state the
+    stores never make: they take transaction-scoped locks only, prepare nothing by name, listen to nothing,
+    and set their session settings once, at connect."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
+
+
 class DatabaseUnavailable(Exception):
     """The database cannot be used now: unreachable, too slow, or it refused the operation. The message
     names the database (never its password)."""
@@ -117,7 +126,7 @@ class Database:
                 idle_ms = str(int(max(10.0, 5 * self.timeout_s) * 1000))
                 pool = asyncpg.create_pool(
                     self.url, min_size=0, max_size=self.max_size, timeout=self.timeout_s,
-                    command_timeout=self.timeout_s,
+                    command_timeout=self.timeout_s, reset=_reset,
                     server_settings={"application_name": "enginegate", "statement_timeout": ms,
                                      "idle_in_transaction_session_timeout": idle_ms})
                 self._pool = await pool  # min_size=0: connects nothing yet

@@ -216,7 +216,9 @@ ASK = [{"role": "user", "content": "weather in Paris?"}]
         ("/v1/messages", {"max_tokens": 4, "messages": ASK, "tools": [{"name": "get weather", "input_schema": {"type": "object"}}]},
          None),
         ("/v1/responses", {"input": "q", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": 1}}]},
-         "tools[0]"),  # chat's name for it (responses.py's NAMES could say tools[0].parameters)
+         "tools[0].parameters"),  # Responses' own (flat) name, not chat's tools[0].function.parameters
+        ("/v1/responses", {"input": "q", "tools": [{"type": "function", "name": 7, "parameters": {"type": "object"}}]},
+         "tools[0].name"),
         ("/v1/responses", {"input": "q", "text": {"format": {"type": "json_schema", "name": "o", "schema": {"type": "nope"}}}},
          "text.format.schema"),
     ],
@@ -228,7 +230,7 @@ def test_the_routes_answer_400_and_the_engine_never_sees_it(client: TestClient, 
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error", error
     if path != "/v1/messages":  # Anthropic's error shape has no param
-        assert error["param"] == param or (path == "/v1/responses" and error["param"].startswith(f"{param}.")), error
+        assert error["param"] == param, error
     else:
         assert "tools[0]" in error["message"], error
     assert engine.seen_bodies == []
