@@ -266,6 +266,23 @@ class Settings(BaseSettings):
 
     tenancy: TenancyConfig = TenancyConfig()
     """Where keys, limits and usage live."""
+    database_url: str | None = None
+    """A PostgreSQL database shared by every gateway that names it (`postgresql://user:pass@host:5432/enginegate`):
+    stored Responses, keys, key policies and the usage ledger live there instead of this gateway's SQLite files
+    (docs/shared-database.md). Every database operation is bounded by
+    `tenancy.store_timeout_seconds`; the database unreachable answers 503 on the routes that need it.
+    None: the embedded SQLite files."""
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise ValueError("database_url must be a PostgreSQL URL: postgresql://user:password@host:5432/dbname")
+        if importlib.util.find_spec("asyncpg") is None:
+            raise ValueError("database_url needs the PostgreSQL driver: pip install 'enginegate[postgres]'")
+        return url
     metrics_api_key: str | None = None
     """When set, /metrics requires `Authorization: Bearer <this key>` (Prometheus: `authorization.credentials`)."""
     epp_metrics: bool = True

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Query, Request
@@ -32,12 +32,15 @@ from gateway.api.sqlite_response_store import SQLiteResponseStore
 from gateway.config import Settings
 from gateway.identity import caller_of
 
+if TYPE_CHECKING:  # asyncpg is an extra: imported only when database_url is set
+    from gateway.database import Database
+
 log = logging.getLogger("enginegate.responses")
 router = APIRouter()
 NAMES = {"tools": "tools", "response_format": "text.format"}
 
 
-def build_store(settings: Settings) -> ResponseStore:
+def build_store(settings: Settings, database: Database | None = None) -> ResponseStore:
     cfg = settings.response_store
     return SQLiteResponseStore(cfg.path or default_store_path(), cfg.max_age_seconds, cfg.max_count,
                                own_folder=cfg.path is None)
