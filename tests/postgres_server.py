@@ -82,7 +82,13 @@ class PostgresServer:
         self._cmd(str(self.bindir / "initdb"), "-D", str(self.data), "-U", USER, "--auth=trust",
                   "--no-sync", "-E", "UTF8", "--locale=C")
 
+    def running(self) -> bool:
+        return self._cmd(str(self.bindir / "pg_ctl"), "-D", str(self.data), "status", check=False).returncode == 0
+
     def start(self) -> None:
+        """Start it (again, on the same port and data); a running server is left as it is."""
+        if self.running():
+            return
         options = (f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off "
                    "-c full_page_writes=off -c shared_buffers=16MB -c max_connections=200")
         result = self._cmd(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options,

@@ -41,7 +41,12 @@ NAMES = {"tools": "tools", "response_format": "text.format"}
 
 
 def build_store(settings: Settings, database: Database | None = None) -> ResponseStore:
+    """The shared database's store when `database_url` is set (its pool is `database`), else the SQLite file."""
     cfg = settings.response_store
+    if database is not None:
+        from gateway.api.postgres_response_store import PostgresResponseStore
+
+        return PostgresResponseStore(database, cfg.max_age_seconds, cfg.max_count)
     return SQLiteResponseStore(cfg.path or default_store_path(), cfg.max_age_seconds, cfg.max_count,
                                own_folder=cfg.path is None)
 
@@ -63,12 +68,13 @@ def reach_of(request: Request) -> str | None:
 
 
 @contextlib.contextmanager
-def _usable_store() -> Iterator[None]:
-    """A store that cannot be used (its disk gone) answers 503 naming it, never 500."""
+def _usable_store(request: Request) -> Iterator[None]:
+    """A store that cannot be used (its disk gone, its database down) answers 503 with Retry-After, never 500."""
     try:
         yield
     except StoreUnavailable as exc:
-        raise APIError(503, str(exc), code="store_unavailable") from exc
+        retry_after = request.app.state.settings.retry_after_seconds
+        raise APIError(503, str(exc), code="store_unavailable", headers={"Retry-After": str(retry_after)}) from exc
 
 
 def _not_found(response_id: str) -> APIError:
@@ -81,7 +87,7 @@ async def create_response(request: Request) -> Response:
     store = _store(request)
     history: list[dict[str, Any]] = []
     if parsed.previous_response_id is not None:
-        with _usable_store():
+        with _usable_store(request):
             previous = await store.get(parsed.previous_response_id, reach_of(request))
         if previous is None:
             raise APIError(400, f"Previous response with id '{echoed(parsed.previous_response_id)}' not found.",
@@ -114,7 +120,7 @@ async def create_response(request: Request) -> Response:
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(request: Request, response_id: str) -> Response:
-    with _usable_store():
+    with _usable_store(request):
         record = await _store(request).get(response_id, reach_of(request))
     if record is None:
         raise _not_found(response_id)
@@ -123,7 +129,7 @@ async def get_response(request: Request, response_id: str) -> Response:
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
-    with _usable_store():
+    with _usable_store(request):
         deleted = await _store(request).delete(response_id, reach_of(request))
     if not deleted:
         raise _not_found(response_id)
@@ -138,7 +144,7 @@ async def list_input_items(
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
 ) -> dict[str, Any]:
-    with _usable_store():
+    with _usable_store(request):
         record = await _store(request).get(response_id, reach_of(request))
     if record is None:
         raise _not_found(response_id)

@@ -1,0 +1,159 @@
+"""Stored Responses in the shared PostgreSQL (`database_url`): every gateway naming the database reads
+and continues every conversation, within the contract of gateway/api/response_store.py.
+
+Records are kept as the bytes the gateway serialized (bytea, not jsonb: jsonb reorders keys and
+refuses a NUL character a client may well send). A put upserts its record and prunes in one
+transaction under a per-owner advisory lock, so concurrent writes of one owner on any number of
+gateways never leave more than max_count; another owner's record with the same id is never replaced.
+
+Faults: the database unreachable or too slow answers StoreUnavailable (503) within
+`tenancy.store_timeout_seconds`, naming no host or user to the client (the log has them, once per
+outage). Start-up with the database unreachable does not fail: the schema is migrated on the first
+use that reaches it, so a gateway started before its database (a pod beside a starting PostgreSQL)
+serves everything else and recovers by itself. A database that answers with an error waiting will not
+fix (wrong password, no such database) fails start-up with that one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+import orjson
+
+from gateway.api.response_store import StoredResponse, StoreUnavailable
+from gateway.database import Database, DatabaseUnavailable, migrate
+
+log = logging.getLogger("enginegate.responses")
+T = TypeVar("T")
+COMPONENT = "responses"
+PRUNE_LOCK_CLASS = 0x7265  # pg_advisory_xact_lock(class, hashtext(owner)): one owner's puts, one at a time
+STEPS = (
+    """CREATE TABLE responses (
+        id text PRIMARY KEY,
+        owner text,
+        created_at double precision NOT NULL,
+        response bytea NOT NULL,
+        input_items bytea NOT NULL,
+        history bytea NOT NULL
+    )""",
+    "CREATE INDEX responses_owner_created_at ON responses (owner, created_at)",  # per-owner pruning
+    "CREATE INDEX responses_created_at ON responses (created_at)",  # max_age pruning
+)
+COLUMNS = "id, owner, created_at, response, input_items, history"
+
+
+def _record(row: asyncpg.Record) -> StoredResponse:
+    return StoredResponse(row["id"], row["owner"], row["created_at"], orjson.loads(row["response"]),
+                          orjson.loads(row["input_items"]), orjson.loads(row["history"]))
+
+
+class PostgresResponseStore:
+    def __init__(self, db: Database, max_age_s: float, max_count: int) -> None:
+        self.db = db
+        self.max_age_s = max_age_s
+        self.max_count = max_count
+        self._migrated = False
+        self._migrate_lock = asyncio.Lock()
+        self._down = False
+
+    def describe(self) -> str:
+        return self.db.describe()
+
+    async def check(self) -> None:
+        try:
+            await self._call(self._ready_now)
+        except StoreUnavailable as exc:
+            cause = exc.__cause__
+            if isinstance(cause, DatabaseUnavailable) and not cause.transient:
+                raise StoreUnavailable(f"cannot use the response store: {cause.message}") from cause
+            log.warning("the response store %s is unreachable at start-up; starting anyway: requests that need "
+                        "it answer 503 until it answers, and its schema is migrated then", self.describe())
+
+    async def _ready_now(self, timeout_s: float) -> None:
+        if self._migrated:
+            return
+        async with self._migrate_lock:
+            if not self._migrated:
+                await migrate(self.db, COMPONENT, STEPS, timeout_s=timeout_s)
+                self._migrated = True
+
+    async def _call(self, work: Callable[[float], Awaitable[T]]) -> T:
+        """One store operation, migrating first if needed; all of it within the store timeout."""
+        limit = self.db.timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._ready_now(limit)
+                result = await work(max(0.001, deadline - loop.time()))
+        except TimeoutError as exc:  # waiting behind another task's migration
+            raise self._unavailable(DatabaseUnavailable(
+                f"the database {self.describe()} did not answer within {limit:g} s")) from exc
+        except DatabaseUnavailable as exc:
+            raise self._unavailable(exc) from exc
+        if self._down:
+            self._down = False
+            log.info("the response store %s answers again", self.describe())
+        return result
+
+    def _unavailable(self, exc: DatabaseUnavailable) -> StoreUnavailable:
+        if not self._down:
+            self._down = True
+            log.warning("the response store cannot be used: %s", exc.message)
+        why = "the shared database is unreachable or too slow" if exc.transient else "the shared database refused the operation"
+        return StoreUnavailable(f"the response store is unavailable ({why}); retry later")
+
+    async def put(self, record: StoredResponse) -> None:
+        async def work(timeout_s: float) -> None:
+            stored = await self.db.run(lambda conn: self._put(conn, record), transaction=True, timeout_s=timeout_s)
+            if not stored:
+                raise StoreUnavailable(f"the response id {record.id} is another owner's")
+        await self._call(work)
+
+    async def _put(self, conn: asyncpg.Connection, record: StoredResponse) -> bool:
+        owner_match = "owner IS NULL" if record.owner is None else "owner = $1"
+        await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext(coalesce($2::text, '')))",
+                           PRUNE_LOCK_CLASS, record.owner)
+        status = await conn.execute(
+            f"INSERT INTO responses ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET "
+            "created_at = EXCLUDED.created_at, response = EXCLUDED.response, input_items = EXCLUDED.input_items, "
+            "history = EXCLUDED.history WHERE responses.owner IS NOT DISTINCT FROM EXCLUDED.owner",
+            record.id, record.owner, record.created_at, orjson.dumps(record.response),
+            orjson.dumps(record.input_items), orjson.dumps(record.history))
+        if status.split()[-1] == "0":
+            return False
+        await conn.execute("DELETE FROM responses WHERE created_at < $1", time.time() - self.max_age_s)
+        args: list[Any] = [] if record.owner is None else [record.owner]
+        offset = f"${len(args) + 1}"
+        await conn.execute(
+            f"DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE {owner_match} "
+            f"ORDER BY created_at DESC, id DESC OFFSET {offset})", *args, self.max_count)
+        return True
+
+    async def get(self, response_id: str, owner: str | None) -> StoredResponse | None:
+        query = f"SELECT {COLUMNS} FROM responses WHERE id = $1 AND created_at >= $2"
+        args: list[Any] = [response_id, time.time() - self.max_age_s]
+        if owner is not None:
+            query += " AND owner = $3"
+            args.append(owner)
+        row = await self._call(lambda timeout_s: self.db.run(lambda conn: conn.fetchrow(query, *args),
+                                                             timeout_s=timeout_s))
+        return None if row is None else _record(row)
+
+    async def delete(self, response_id: str, owner: str | None) -> bool:
+        query = "DELETE FROM responses WHERE id = $1"
+        args: list[Any] = [response_id]
+        if owner is not None:
+            query += " AND owner = $2"
+            args.append(owner)
+        status = await self._call(lambda timeout_s: self.db.run(lambda conn: conn.execute(query, *args),
+                                                                transaction=False, timeout_s=timeout_s))
+        return status.split()[-1] != "0"
+
+    async def close(self) -> None:
+        return None  # the Database is the gateway's, closed at shutdown after every store
