@@ -136,6 +136,8 @@ class PostgresResponseStore:
         return True
 
     async def get(self, response_id: str, owner: str | None) -> StoredResponse | None:
+        if "\x00" in response_id:  # PostgreSQL text cannot hold it, so no record has it: missing, not a 503
+            return None
         query = f"SELECT {COLUMNS} FROM responses WHERE id = $1 AND created_at >= $2"
         args: list[Any] = [response_id, time.time() - self.max_age_s]
         if owner is not None:
@@ -146,6 +148,8 @@ class PostgresResponseStore:
         return None if row is None else _record(row)
 
     async def delete(self, response_id: str, owner: str | None) -> bool:
+        if "\x00" in response_id:
+            return False
         query = "DELETE FROM responses WHERE id = $1"
         args: list[Any] = [response_id]
         if owner is not None:

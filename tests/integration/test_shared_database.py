@@ -125,6 +125,9 @@ def test_another_tenant_cannot_tell_it_exists_on_either_gateway_and_an_admin_can
                 b.responses.delete(response_id)
         assert client(gw, ADMIN).responses.retrieve(first.id).id == first.id
     assert client(two, TEAM_A).responses.retrieve(first.id).id == first.id  # team-b's delete did nothing
+    # an id no record can have (PostgreSQL text holds no NUL) is a missing id, not a 503
+    nul = httpx.get(one.url + "/v1/responses/resp_%00x", headers={"Authorization": f"Bearer {TEAM_A}"}, timeout=10)
+    assert nul.status_code == 404 and nul.json()["error"]["code"] == "not_found"
     client(two, TEAM_A).responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         client(one, ADMIN).responses.retrieve(first.id)

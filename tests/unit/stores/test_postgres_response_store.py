@@ -53,6 +53,15 @@ async def test_round_trip_keeps_the_record_exactly(make: Make) -> None:
     assert await store.get("resp_missing", None) is None
 
 
+async def test_an_id_no_record_can_have_is_missing_not_an_error(make: Make) -> None:
+    """A client may send any id (a NUL in the path or in previous_response_id): it is a missing id."""
+    store = await make()
+    for response_id in ("resp_\x00x", "resp_" + "x" * 100_000, "résp_ünï", "resp_'; DROP TABLE responses; --"):
+        assert await store.get(response_id, "team-a") is None
+        assert await store.get(response_id, None) is None
+        assert await store.delete(response_id, None) is False
+
+
 async def test_another_owner_sees_it_exactly_as_a_missing_id(make: Make) -> None:
     store = await make()
     await store.put(record("resp_a", "team-a"))
