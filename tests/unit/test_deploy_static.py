@@ -244,6 +244,24 @@ def test_dockerfile_pins_bases_runs_unprivileged_and_checks_health(name: str) ->
         assert source.split("/")[0] not in ignored, f"{name}: {source} is excluded by .dockerignore"
 
 
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.cuda"])
+def test_images_carry_the_shared_store_drivers(name: str) -> None:
+    text, _ = dockerfile(name)
+    extras = re.findall(r"\[([\w,-]+)\]\"", text)
+    assert extras and all({"redis", "postgres"} <= set(e.split(",")) for e in extras), extras  # tenancy.redis_url, database_url
+
+
+def test_cpu_dockerfile_reaches_the_gateway_code_through_content_addressed_layers() -> None:
+    """podman (buildah) reuses a RUN layer whose bind-mounted files changed: the enginegate wheel
+    must come into the final stage by COPY --from, or an image rebuilt after a code change keeps the
+    old gateway (the compose smoke test then ran last build's code)."""
+    text, _ = dockerfile("Dockerfile")
+    final = text[text.rindex("\nFROM "):]
+    runs = re.findall(r"^RUN (?:.*\\\n)*.*$", final, re.M)
+    assert not any("--mount" in run and "enginegate-" in run for run in runs), "the gateway's wheel via a bind mount"
+    assert re.search(r"^COPY --from=build /wheels/enginegate-\*\.whl ", final, re.M)
+
+
 def test_cpu_dockerfile_builds_llamacpp_portably_and_embeds_the_model() -> None:
     text, args = dockerfile("Dockerfile")
     assert "gateway/llamacpp_flags.py --portable" in text
