@@ -257,7 +257,7 @@ def test_gateways_starting_together_on_an_empty_database_all_come_up(upstream: R
         for gw in started:
             assert client(gw, TEAM_A).responses.retrieve(first.id).id == first.id
     database = url.rsplit("/", 1)[1]
-    assert pg.psql(database, "SELECT component, version FROM schema_versions").split() == ["responses|3"]
+    assert pg.psql(database, "SELECT component, version FROM schema_versions").split() == ["responses|4"]
 
 
 def test_a_database_that_refuses_the_login_fails_start_up_in_one_line(upstream: RunningEmulator, pg: PostgresServer) -> None:

@@ -129,6 +129,44 @@ async def test_concurrent_writes_of_one_owner_on_two_gateways_keep_exactly_max_c
     assert await other.get("resp_b", "team-b") is not None
 
 
+async def _counts(store: ResponseStore) -> tuple[dict[str, int], dict[str, int]]:
+    """(response_counts, the real count of rows) per owner key."""
+    async with store.db.connection() as conn:  # type: ignore[attr-defined]
+        kept = {r["owner_key"]: r["n"] for r in await conn.fetch("SELECT owner_key, n FROM response_counts WHERE n <> 0")}
+        real = {r["k"]: r["n"] for r in await conn.fetch(
+            "SELECT coalesce(owner, ' none') AS k, count(*) AS n FROM responses GROUP BY 1")}
+    return kept, real
+
+
+async def test_the_sweep_drops_every_owners_expired_records_and_the_counts_stay_exact(make: Make) -> None:
+    long = await make(max_age_s=10 * DAY, max_count=4)
+    now = time.time()
+    for i in range(3):
+        await long.put(record(f"resp_old{i}", "team-a", now - 2 * DAY + i))
+    for i in range(6):
+        await long.put(record(f"resp_b{i}", "team-b", now - 60 + i))
+    await long.put(record("resp_legacy", None, now - 2 * DAY))
+    await long.put(record("resp_b5", "team-b", now))  # its owner replaces it: no new row
+    assert await long.delete("resp_b4", "team-b") and await long.delete("resp_b3", None)
+    assert not await long.delete("resp_b2", "team-a")
+    short = await make(max_age_s=DAY, max_count=4)  # another gateway, sweeping at its first write
+    await short.put(record("resp_c", "team-c"))
+    assert await long.get("resp_old0", None) is None and await long.get("resp_legacy", None) is None
+    kept, real = await _counts(long)
+    assert kept == real == {"team-b": 2, "team-c": 1}
+
+
+async def test_counts_stay_exact_under_concurrent_puts_and_deletes_on_two_gateways(make: Make) -> None:
+    one, other = await make(max_count=6), await make(max_count=6)
+    base = time.time()
+    await asyncio.gather(*(one.put(record(f"resp_{i}", f"team-{i % 3}", base + i)) for i in range(30)))
+    await asyncio.gather(*((one if i % 2 else other).delete(f"resp_{i}", None if i % 4 else f"team-{i % 3}")
+                           for i in range(0, 30, 3)),
+                         *(other.put(record(f"resp_n{i}", f"team-{i % 3}", base + 100 + i)) for i in range(9)))
+    kept, real = await _counts(one)
+    assert kept == real and all(n <= 6 for n in real.values())
+
+
 # -- only a server database --------------------------------------------------------------------------
 
 async def test_a_record_put_through_one_gateway_is_read_and_deleted_through_another(make: Make) -> None:
