@@ -21,6 +21,7 @@ fix (wrong password, no such database) fails start-up with that one line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -82,6 +83,7 @@ class PostgresResponseStore:
         self._migrate_lock = asyncio.Lock()
         self._down = False
         self._next_sweep = 0.0
+        self._sweeping: asyncio.Task[None] | None = None
 
     def describe(self) -> str:
         return self.db.describe()
@@ -136,9 +138,9 @@ class PostgresResponseStore:
             if not stored:
                 raise StoreUnavailable(f"the response id {record.id} is another owner's")
         await self._call(work)
-        if time.monotonic() >= self._next_sweep:
+        if time.monotonic() >= self._next_sweep and (self._sweeping is None or self._sweeping.done()):
             self._next_sweep = time.monotonic() + SWEEP_INTERVAL_S
-            await self._sweep()
+            self._sweeping = asyncio.create_task(self._sweep())  # beside the request, never in its time
 
     async def _put(self, conn: asyncpg.Connection, record: StoredResponse) -> bool:
         """Under the owner's lock: upsert, drop the owner's expired records, then its oldest beyond max_count."""
@@ -177,13 +179,17 @@ class PostgresResponseStore:
         lock, in its own short transaction); at most SWEEP_OWNERS owners a time. Best effort: a failure
         waits for the next sweep."""
         try:
-            owners = await self.db.run(lambda conn: conn.fetch(
-                "SELECT DISTINCT owner FROM responses WHERE created_at < $1 LIMIT $2",
-                time.time() - self.max_age_s, SWEEP_OWNERS))
-            for row in owners:
-                await self.db.run(lambda conn, owner=row["owner"]: self._expire_owner(conn, owner), transaction=True)
-        except DatabaseUnavailable as exc:
-            log.debug("the expired-responses sweep did not finish: %s", exc.message)
+            async with asyncio.timeout(self.db.timeout_s):
+                await self._sweep_owners()
+        except (DatabaseUnavailable, TimeoutError) as exc:
+            log.debug("the expired-responses sweep did not finish: %s", exc)
+
+    async def _sweep_owners(self) -> None:
+        owners = await self.db.run(lambda conn: conn.fetch(
+            "SELECT DISTINCT owner FROM responses WHERE created_at < $1 LIMIT $2",
+            time.time() - self.max_age_s, SWEEP_OWNERS))
+        for row in owners:
+            await self.db.run(lambda conn, owner=row["owner"]: self._expire_owner(conn, owner), transaction=True)
 
     async def _expire_owner(self, conn: asyncpg.Connection, owner: str | None) -> None:
         key = _owner_key(owner)
@@ -222,4 +228,8 @@ class PostgresResponseStore:
         return True
 
     async def close(self) -> None:
-        return None  # the Database is the gateway's, closed at shutdown after every store
+        """Stop a sweep in progress; the Database is the gateway's, closed at shutdown after every store."""
+        if self._sweeping is not None and not self._sweeping.done():
+            self._sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeping

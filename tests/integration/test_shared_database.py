@@ -30,6 +30,7 @@ MODEL = "relayed"
 TOKENS = 4
 STORE_TIMEOUT_S = 1.0
 ADMIN, TEAM_A, TEAM_B = "admin-5e1f0c7a9b", "team-a-3d8e2b6f41", "team-b-9c4a7e1d02"
+DB_PASSWORD = "db-pw-4b7e0d19c2"
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +82,11 @@ def gateways(upstream: RunningEmulator, database_url: str, n: int = 2,
 
 @pytest.fixture(scope="module")
 def pair(upstream: RunningEmulator, pg: PostgresServer) -> Iterator[list[RunningGateway]]:
-    with gateways(upstream, pg.createdb()) as started:
+    url = pg.createdb().replace("eg@", f"eg:{DB_PASSWORD}@")  # trust authentication ignores it; no log may show it
+    with gateways(upstream, url) as started:
         yield started
+        for gw in started:
+            assert DB_PASSWORD not in gw.log()
 
 
 def client(gw: RunningGateway, key: str) -> openai.OpenAI:
@@ -91,6 +95,7 @@ def client(gw: RunningGateway, key: str) -> openai.OpenAI:
 
 def test_a_response_stored_through_one_gateway_is_read_and_continued_through_the_other(pair: list[RunningGateway]) -> None:
     one, two = pair
+    assert "stored responses in postgresql://eg@127.0.0.1:" in one.log()  # the summary names it, without the password
     first = client(one, TEAM_A).responses.create(model=MODEL, input="alpha beta gamma", max_output_tokens=TOKENS)
     assert first.store is True and first.usage is not None
     a_two = client(two, TEAM_A)

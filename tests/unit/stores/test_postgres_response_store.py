@@ -30,17 +30,18 @@ def record(response_id: str, owner: str | None, created_at: float | None = None,
 @pytest.fixture
 async def make(postgres_url: str) -> AsyncIterator[Make]:
     """Stores on one fresh database; each call is another gateway (its own pool)."""
-    pools: list[Database] = []
+    made: list[PostgresResponseStore] = []
 
     async def factory(max_age_s: float = 30 * DAY, max_count: int = 10_000) -> ResponseStore:
-        db = Database(postgres_url, 5.0)
-        pools.append(db)
-        store = PostgresResponseStore(db, max_age_s, max_count)
+        store = PostgresResponseStore(Database(postgres_url, 5.0), max_age_s, max_count)
+        made.append(store)
         await store.check()
         return store
 
     yield factory
-    await asyncio.gather(*(db.close() for db in pools))
+    for store in made:
+        await store.close()
+        await store.db.close()
 
 
 # -- the contract table ------------------------------------------------------------------------------
@@ -151,6 +152,7 @@ async def test_the_sweep_drops_every_owners_expired_records_and_the_counts_stay_
     assert not await long.delete("resp_b2", "team-a")
     short = await make(max_age_s=DAY, max_count=4)  # another gateway, sweeping at its first write
     await short.put(record("resp_c", "team-c"))
+    await short._sweeping  # type: ignore[attr-defined]  # beside the request: wait for it here
     assert await long.get("resp_old0", None) is None and await long.get("resp_legacy", None) is None
     kept, real = await _counts(long)
     assert kept == real == {"team-b": 2, "team-c": 1}
