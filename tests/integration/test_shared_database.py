@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -237,6 +238,26 @@ def test_database_stopped_answers_503_in_bounded_time_and_recovers_without_a_res
                                                     max_output_tokens=TOKENS)
         assert after.previous_response_id == stored.id and after.store is True
     assert all(gw.process.poll() is None for gw in pair)
+
+
+def test_a_database_that_never_answers_is_503_at_the_timeout_not_a_hang(upstream: RunningEmulator) -> None:
+    """A network partition: the address accepts connections (a listening socket nobody serves) and no
+    byte ever comes back. Start-up waits the timeout once and goes on; every request that needs the
+    database answers 503 in bounded time."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)
+        with gateways(upstream, f"postgresql://eg@127.0.0.1:{hole.getsockname()[1]}/enginegate", n=1) as (gw,):
+            headers = {"Authorization": f"Bearer {TEAM_A}"}
+            for _ in range(3):
+                began = time.monotonic()
+                r = httpx.get(gw.url + "/v1/responses/resp_" + "2" * 32, headers=headers, timeout=30)
+                took = time.monotonic() - began
+                assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+                assert took < STORE_TIMEOUT_S + 1, f"took {took:.2f} s"
+            chat = httpx.post(gw.url + "/v1/chat/completions", headers=headers, timeout=30,
+                              json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": TOKENS})
+            assert chat.status_code == 200, chat.text
 
 
 def test_a_gateway_started_before_its_database_serves_then_recovers(upstream: RunningEmulator, pg: PostgresServer) -> None:
