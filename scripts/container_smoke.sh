@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Build deploy/Dockerfile with podman and run it the way users do; then bring up
-# deploy/docker-compose.yml (gateway + Prometheus) and check that Prometheus scrapes the gateway.
+# deploy/docker-compose.yml (PostgreSQL, Redis, two gateways behind haproxy, Prometheus) and hold a
+# stored multi-turn Responses conversation whose turns cross both gateways, check that Prometheus
+# scrapes both, then kill -9 one gateway and continue the conversation on the other.
 #
 #   scripts/container_smoke.sh [image|compose|all]      (default: all; CI runs it, so can you)
 #
 # Where no registry is reachable (these build machines), the base images are made locally:
 # Debian bookworm by debootstrap (python3, pip, venv), tagged with the name the Dockerfile's FROM
-# uses, and a Prometheus image from Debian's `prometheus` package over the same base, tagged
-# with the compose file's Prometheus image name. Grafana is not installable here and is not
+# uses, and Prometheus, PostgreSQL, Redis and haproxy images from Debian's packages over the same
+# base (scripts/standins/), tagged with the compose file's image names. Grafana is not installable here and is not
 # started (its dashboards' PromQL is tested against real Prometheus by the test suite).
 # Everything is cached: base images are made once, podman keeps its build cache, so a second
 # run rebuilds nothing unless the sources changed.
@@ -40,7 +42,7 @@ timed() {  # timed LABEL CMD...: run CMD and say how long it took
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # The name deploy/Dockerfile's FROM resolves to (its PYTHON_IMAGE default) and compose's Prometheus image.
 from_image() { awk -F= '/^ARG PYTHON_IMAGE=/{print $2; exit}' deploy/Dockerfile; }
-compose_image() { awk -v svc="$1" '$1 == svc":" {in_svc = 1} in_svc && $1 == "image:" {print $2; exit}' deploy/docker-compose.yml; }
+compose_image() { python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["services"][sys.argv[2]]["image"])' deploy/docker-compose.yml "$1"; }
 
 ensure_tools() {
   local missing=() tool
@@ -185,44 +187,101 @@ ensure_prometheus_image() {
   rm -rf "$work"
 }
 
+# Stand-ins for the official postgres, redis and haproxy images, from Debian's packages over the same
+# base (scripts/standins/*.Containerfile say what each keeps of the official image's behaviour), tagged
+# with the names the compose file uses. Built every run: podman's layer cache makes that a no-op
+# unless a Containerfile or entrypoint changed.
+ensure_service_images() {
+  local svc name
+  for svc in postgres redis haproxy; do
+    name=$(compose_image "$svc")
+    podman build -q --format docker --pull=never --build-arg BASE="$BASE" -t "localhost/$name" \
+      -f "scripts/standins/$svc.Containerfile" scripts/standins >/dev/null \
+      || { echo "building the stand-in $name failed" >&2; return 1; }
+  done
+}
+
+# wait_healthy NAME: until the container's own health check (the compose file's) passes, bounded.
+# podman-compose 1.0.3 ignores depends_on conditions, and podman runs health checks only from
+# systemd timers, absent here: the check is run here instead, as `condition: service_healthy` would.
+wait_healthy() {
+  local name=$1 deadline=$((SECONDS + 120))
+  until podman healthcheck run "$name" >/dev/null 2>&1; do
+    if [ "$(podman inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" != true ] || [ $SECONDS -ge $deadline ]; then
+      echo "container $name is not healthy; its log:" >&2
+      podman logs --tail 40 "$name" >&2 || true
+      return 1
+    fi
+    sleep 1
+  done
+}
+
+COMPOSE_SERVICES=(postgres redis gateway-a gateway-b haproxy prometheus)
+
 smoke_compose() {
   ensure_prometheus_image
+  ensure_service_images
   podman image exists "$IMAGE" || build_image
-  export ENGINEGATE_PORT PROMETHEUS_PORT
+  export ENGINEGATE_PORT PROMETHEUS_PORT POSTGRES_PASSWORD REDIS_PASSWORD
   ENGINEGATE_PORT=$(free_port); PROMETHEUS_PORT=$(free_port)
+  POSTGRES_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+  REDIS_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
   local compose=(podman-compose -p "$PROJECT" -f deploy/docker-compose.yml)
   "${compose[@]}" down -v >/dev/null 2>&1 || true
-  say "compose up: gateway on :$ENGINEGATE_PORT, Prometheus on :$PROMETHEUS_PORT (Grafana is not installable here)"
-  "${compose[@]}" up -d gateway prometheus >/dev/null
-  local ok=0 gateway="http://127.0.0.1:$ENGINEGATE_PORT" prom="http://127.0.0.1:$PROMETHEUS_PORT"
-  if wait_ready "$gateway" "${PROJECT}_gateway_1" && "$PY" scripts/smoke_client.py "$gateway"; then
-    # Prometheus reaches the gateway by its service name and scrapes the chat completion just made.
+  say "compose up: PostgreSQL, Redis, gateway-a and gateway-b behind haproxy on :$ENGINEGATE_PORT, Prometheus on :$PROMETHEUS_PORT (Grafana is not installable here)"
+  local ok=0 lb="http://127.0.0.1:$ENGINEGATE_PORT" prom="http://127.0.0.1:$PROMETHEUS_PORT" state
+  state=$(mktemp)
+  # The database and Redis first, healthy, as depends_on's conditions ask; then the rest at once: both
+  # gateways start together against the empty database (one migrates it, the other waits).
+  "${compose[@]}" up -d postgres redis >/dev/null
+  if wait_healthy "${PROJECT}_postgres_1" && wait_healthy "${PROJECT}_redis_1"; then
+    "${compose[@]}" up -d "${COMPOSE_SERVICES[@]}" >/dev/null
+  else
+    ok=1
+  fi
+  if [ $ok -eq 0 ] && wait_healthy "${PROJECT}_gateway-a_1" && wait_healthy "${PROJECT}_gateway-b_1" \
+     && wait_ready "$lb" "${PROJECT}_haproxy_1" && "$PY" scripts/smoke_client.py "$lb" \
+     && "$PY" scripts/smoke_conversation.py "$lb" start "$state"; then
+    # Prometheus reaches each gateway by its service name and scrapes the requests just made: both
+    # targets up, and each gateway counted Responses requests (the conversation crossed them).
     "$PY" - "$prom" <<'PY' || ok=1
 import sys, time, httpx
 prom, deadline = sys.argv[1], time.monotonic() + 120
+def query(q):
+    return httpx.get(prom + "/api/v1/query", params={"query": q}, timeout=5).json()["data"]["result"]
 while True:
     try:
-        up = httpx.get(prom + "/api/v1/query", params={"query": 'up{job="enginegate"}'}, timeout=5).json()["data"]["result"]
-        served = httpx.get(prom + "/api/v1/query", timeout=5, params={
-            "query": 'sum(enginegate_requests_total{route="/v1/chat/completions",status="200"})'}).json()["data"]["result"]
-        if up and up[0]["value"][1] == "1" and served and float(served[0]["value"][1]) >= 1:
-            print(f"prometheus: target up, {served[0]['value'][1]} chat completion(s) scraped")
+        up = {r["metric"]["instance"]: r["value"][1] for r in query('up{job="enginegate"}')}
+        served = {r["metric"]["instance"]: float(r["value"][1]) for r in query(
+            'sum by (instance) (enginegate_requests_total{route=~"/v1/responses.*",status="200"})')}
+        chats = query('sum(enginegate_requests_total{route="/v1/chat/completions",status="200"})')
+        if up == {"gateway-a:8000": "1", "gateway-b:8000": "1"} and len(served) == 2 and min(served.values()) >= 1 \
+                and chats and float(chats[0]["value"][1]) >= 1:
+            print(f"prometheus: both targets up; Responses requests per gateway {served}; "
+                  f"{chats[0]['value'][1]} chat completion(s) scraped")
             break
     except (httpx.HTTPError, KeyError, ValueError):
         pass
     if time.monotonic() > deadline:
         targets = httpx.get(prom + "/api/v1/targets", timeout=5).text
-        sys.exit(f"Prometheus did not scrape the gateway within 120 s: {targets[:1500]}")
+        sys.exit(f"Prometheus did not scrape both gateways within 120 s: {targets[:1500]}")
     time.sleep(2)
 PY
+    # kill -9 one gateway between two turns: the next turns go to the other one (haproxy redispatches
+    # a refused connection, then its health check takes the dead one out) and continue the conversation.
+    if [ $ok -eq 0 ]; then
+      podman kill -s KILL "${PROJECT}_gateway-a_1" >/dev/null
+      "$PY" scripts/smoke_conversation.py "$lb" continue "$state" || ok=1
+    fi
   else
     ok=1
   fi
   if [ $ok -ne 0 ]; then
-    for name in "${PROJECT}_gateway_1" "${PROJECT}_prometheus_1"; do
-      echo "--- $name" >&2; podman logs --tail 40 "$name" >&2 || true
+    for svc in "${COMPOSE_SERVICES[@]}"; do
+      echo "--- ${PROJECT}_${svc}_1" >&2; podman logs --tail 40 "${PROJECT}_${svc}_1" >&2 || true
     done
   fi
+  rm -f "$state"
   "${compose[@]}" down -v >/dev/null 2>&1 || true
   return $ok
 }
@@ -233,8 +292,8 @@ timed "base images" ensure_base
 PY=$(client_python)
 case "$WHAT" in
   image) smoke_image ;;
-  compose) timed "compose (gateway + Prometheus)" smoke_compose ;;
-  all) smoke_image; timed "compose (gateway + Prometheus)" smoke_compose ;;
+  compose) timed "compose (PostgreSQL, Redis, 2 gateways, haproxy, Prometheus)" smoke_compose ;;
+  all) smoke_image; timed "compose (PostgreSQL, Redis, 2 gateways, haproxy, Prometheus)" smoke_compose ;;
   *) echo "usage: $0 [image|compose|all]" >&2; exit 2 ;;
 esac
 say "container smoke passed in $((SECONDS - total)) s"

@@ -37,7 +37,7 @@ def render(directory: Path) -> list[dict[str, Any]]:
 
 def test_every_kustomization_is_found() -> None:
     assert {p.relative_to(DEPLOY).as_posix() for p in KUSTOMIZATIONS} == {
-        "k8s", "k8s-examples/vllm-upstream", "k8s-examples/inferencepool"}
+        "k8s", "k8s-examples/vllm-upstream", "k8s-examples/inferencepool", "k8s-examples/shared-database"}
 
 
 @pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: p.relative_to(DEPLOY).as_posix())
@@ -159,6 +159,46 @@ def test_the_crd_schemas_reject_what_the_api_server_would() -> None:
         assert found and any(word in e for e in found), (word, found)
     assert len(crd_schema.cel_rules("inference.networking.k8s.io/v1", "InferencePool")) == 2
     assert len(crd_schema.cel_rules("gateway.networking.k8s.io/v1", "HTTPRoute")) > 20
+
+
+def _database_env(deployment: dict[str, Any]) -> dict[str, Any]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (env,) = [e for e in container["env"] if e["name"] == "ENGINEGATE_DATABASE_URL"]
+    return env["valueFrom"]["secretKeyRef"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: p.relative_to(DEPLOY).as_posix())
+def test_several_gateway_pods_only_with_a_shared_database(directory: Path) -> None:
+    """Without database_url each pod keeps stored responses and keys in its own emptyDir SQLite: a
+    second pod behind the Service would 404 the first one's responses. So more than one replica
+    needs the Secret required (a pod never falls back to a store of its own) and present with the key."""
+    docs = render(directory)
+    gateway = _one(docs, "Deployment", "enginegate")
+    ref = _database_env(gateway)
+    volumes = {v["name"]: v for v in gateway["spec"]["template"]["spec"]["volumes"]}
+    assert "emptyDir" in volumes["data"]  # where SQLite lives without the database: the pod's own
+    if gateway["spec"].get("replicas", 1) > 1:
+        assert ref["optional"] is False, f"{gateway['spec']['replicas']} replicas may start on per-pod SQLite"
+        secret = _one(docs, "Secret", ref["name"])
+        assert ref["key"] in secret.get("stringData", {}) | secret.get("data", {})
+        budget = _one(docs, "PodDisruptionBudget")
+        pod_labels = gateway["spec"]["template"]["metadata"]["labels"]
+        assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    else:
+        assert ref["optional"] is True  # the base runs as it did, on SQLite, until a database is named
+
+
+def test_the_base_runs_one_pod_and_the_shared_database_example_three() -> None:
+    base = _one(render(DEPLOY / "k8s"), "Deployment", "enginegate")
+    assert base["spec"]["replicas"] == 1
+    shared = render(DEPLOY / "k8s-examples" / "shared-database")
+    gateway = _one(shared, "Deployment", "enginegate")
+    assert gateway["spec"]["replicas"] == 3
+    assert gateway["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    url = _one(shared, "Secret", "enginegate-database")["stringData"]["database_url"]
+    assert url.startswith("postgresql://") and "REPLACE-WITH" in url  # an example: no real password shipped
+    (container,) = gateway["spec"]["template"]["spec"]["containers"]
+    assert len([e for e in container["env"] if e["name"] == "ENGINEGATE_DATABASE_URL"]) == 1
 
 
 def test_the_validator_rejects_an_unknown_field() -> None:

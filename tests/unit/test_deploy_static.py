@@ -6,6 +6,7 @@ through promtool (config, rules, and rule unit tests that make each alert fire).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -81,18 +82,55 @@ def test_dashboard_provider_path_is_where_compose_mounts_the_dashboards() -> Non
 
 # -- docker-compose -------------------------------------------------------------------------
 
+SECRETS = {"POSTGRES_PASSWORD": "pw-from-env", "REDIS_PASSWORD": "redis-pw-from-env"}
+SERVICES = {"postgres", "redis", "gateway-a", "gateway-b", "haproxy", "prometheus", "grafana"}
+HAPROXY = shutil.which("haproxy")
+
+
+def compose_file() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())  # type: ignore[no-any-return]
+
+
+def gateway_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: s for name, s in compose["services"].items() if s.get("image") == "enginegate:cpu"}
+
+
+def compose_config(env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`docker-compose config` with these variables only (not a developer's deploy/.env or shell)."""
+    clean = {k: v for k, v in os.environ.items() if k not in SECRETS}
+    (tmp_path / "empty.env").write_text("")
+    return subprocess.run([str(COMPOSE), "--env-file", str(tmp_path / "empty.env"), "-f", "docker-compose.yml", "config"],
+                          cwd=DEPLOY, capture_output=True, text=True, env=clean | env)
+
+
 @pytest.mark.skipif(COMPOSE is None, reason="Debian's docker-compose is not installed; .ci/run installs it")
-def test_docker_compose_config_validates() -> None:
-    out = run(str(COMPOSE), "-f", "docker-compose.yml", "config", cwd=DEPLOY)
-    resolved = yaml.safe_load(out)
-    assert set(resolved["services"]) == {"gateway", "prometheus", "grafana"}
+def test_docker_compose_config_validates(tmp_path: Path) -> None:
+    done = compose_config(SECRETS, tmp_path)
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)
+    assert set(resolved["services"]) == SERVICES
+    for name in ("gateway-a", "gateway-b"):
+        env = resolved["services"][name]["environment"]
+        assert env["ENGINEGATE_DATABASE_URL"] == "postgresql://enginegate:pw-from-env@postgres:5432/enginegate"
+        assert env["ENGINEGATE_TENANCY__REDIS_URL"] == "redis://:redis-pw-from-env@redis:6379/0"
+    assert resolved["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"] == "pw-from-env"
+
+
+@pytest.mark.skipif(COMPOSE is None, reason="Debian's docker-compose is not installed; .ci/run installs it")
+@pytest.mark.parametrize("missing", sorted(SECRETS))
+def test_compose_refuses_to_start_without_a_password(missing: str, tmp_path: Path) -> None:
+    done = compose_config({k: v for k, v in SECRETS.items() if k != missing}, tmp_path)
+    assert done.returncode != 0 and f"set {missing} in deploy/.env" in done.stderr, done.stderr
 
 
 def test_compose_structure_pins_images_mounts_existing_files_and_binds_loopback() -> None:
-    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    compose = compose_file()
     services = compose["services"]
-    assert services["gateway"]["build"]["dockerfile"] == "deploy/Dockerfile"
-    assert (DEPLOY / services["gateway"]["build"]["context"] / services["gateway"]["build"]["dockerfile"]).is_file()
+    gateways = gateway_services(compose)
+    assert set(gateways) == {"gateway-a", "gateway-b"}
+    for gateway in gateways.values():
+        assert gateway["build"]["dockerfile"] == "deploy/Dockerfile"
+        assert (DEPLOY / gateway["build"]["context"] / gateway["build"]["dockerfile"]).is_file()
     for name, service in services.items():
         if "build" not in service:
             assert PINNED.match(service["image"]), f"{name}: image {service['image']} is not pinned to a version"
@@ -104,13 +142,72 @@ def test_compose_structure_pins_images_mounts_existing_files_and_binds_loopback(
                 assert (DEPLOY / source).exists(), f"{name}: mounts missing {source}"
             elif not source.startswith("$"):
                 assert source in compose["volumes"], f"{name}: undeclared volume {source}"
+    # one address: haproxy publishes the only gateway port
+    assert [n for n, s in services.items() if s.get("ports") and n in gateways] == []
+    assert services["haproxy"]["ports"] == ["127.0.0.1:${ENGINEGATE_PORT:-8000}:8000"]
     scrape = yaml.safe_load((DEPLOY / "prometheus/prometheus.yml").read_text())["scrape_configs"][0]
-    assert scrape["static_configs"][0]["targets"] == ["gateway:8000"]
+    assert scrape["static_configs"][0]["targets"] == [f"{name}:8000" for name in sorted(gateways)]
     env_example = (DEPLOY / "env.example").read_text()
     used = set(re.findall(r"\$\{(\w+)", (DEPLOY / "docker-compose.yml").read_text()))
     assert used <= set(re.findall(r"^(\w+)=", env_example, re.M)), "every compose variable is in env.example"
     text = (DEPLOY / "docker-compose.yml").read_text()
     assert not re.search(r"\$\{\w+:?-\}", text), "podman-compose 1.0.3 leaves ${VAR:-} unexpanded: write ${VAR}"
+
+
+def test_compose_gateways_share_the_database_and_redis_and_wait_for_them() -> None:
+    compose = compose_file()
+    services = compose["services"]
+    postgres = services["postgres"]
+    pg_env = postgres["environment"]
+    for name, gateway in gateway_services(compose).items():
+        env = gateway["environment"]
+        url = env["ENGINEGATE_DATABASE_URL"]
+        assert url == (f"postgresql://{pg_env['POSTGRES_USER']}:{pg_env['POSTGRES_PASSWORD']}@postgres:5432/"
+                       f"{pg_env['POSTGRES_DB']}"), name
+        assert env["ENGINEGATE_TENANCY__REDIS_URL"].endswith("@redis:6379/0"), name
+        assert gateway["depends_on"] == {"postgres": {"condition": "service_healthy"},
+                                         "redis": {"condition": "service_healthy"}}, name
+        assert gateway["volumes"][-1].endswith(":/data") and gateway["volumes"][-1].startswith(f"{name}-data:"), name
+    for name in ("postgres", "redis"):
+        assert services[name]["healthcheck"]["test"], name
+        assert not services[name].get("ports"), f"{name} is reachable on the compose network only"
+    assert "pg_isready -h 127.0.0.1" in postgres["healthcheck"]["test"][1]
+    assert postgres["volumes"] == ["postgres-data:/var/lib/postgresql/data"]
+    # no password is written down: each comes from deploy/.env, and compose refuses to run without it
+    for value in (pg_env["POSTGRES_PASSWORD"], services["redis"]["command"][-1]):
+        assert re.fullmatch(r"\$\{\w+_PASSWORD:\?[^}]+\}", value), value
+    example = dict(re.findall(r"^(\w+)=(.*)$", (DEPLOY / "env.example").read_text(), re.M))
+    assert example["POSTGRES_PASSWORD"] == "" and example["REDIS_PASSWORD"] == ""
+
+
+def haproxy_config() -> list[list[str]]:
+    lines = (DEPLOY / "haproxy/haproxy.cfg").read_text().splitlines()
+    return [line.split("#", 1)[0].split() for line in lines if line.split("#", 1)[0].strip()]
+
+
+def test_haproxy_balances_every_gateway_checked_on_ready_without_buffering() -> None:
+    compose = compose_file()
+    config = haproxy_config()
+    servers = {words[1]: words[2] for words in config if words[0] == "server"}
+    assert servers == {name: f"{name}:8000" for name in gateway_services(compose)}
+    assert ["balance", "roundrobin"] in config
+    assert ["http-check", "send", "meth", "GET", "uri", "/ready"] in config
+    assert ["http-check", "expect", "status", "200"] in config
+    default_server = next(words for words in config if words[0] == "default-server")
+    assert "check" in default_server and "resolvers" in default_server
+    timeouts = {words[1]: words[2] for words in config if words[0] == "timeout"}
+    assert timeouts["server"] == timeouts["client"] == "10m"  # streams and long prefills are not cut at haproxy's 50 s habit
+    for buffering in ("compression", "http-buffer-request"):
+        assert not any(buffering in words for words in config), buffering
+    assert ["bind", ":8000"] in config
+    mounts = dict(v.split(":")[:2] for v in compose["services"]["haproxy"]["volumes"])
+    assert mounts["./haproxy"] == "/usr/local/etc/haproxy"  # where the official image reads haproxy.cfg
+
+
+@pytest.mark.skipif(HAPROXY is None, reason="Debian's haproxy is not installed; .ci/run installs it")
+def test_haproxy_accepts_the_config() -> None:
+    out = run(str(HAPROXY), "-c", "-f", "deploy/haproxy/haproxy.cfg")
+    assert "Configuration file is valid" in out
 
 
 def test_the_deploy_gateway_config_is_valid() -> None:
@@ -145,6 +242,24 @@ def test_dockerfile_pins_bases_runs_unprivileged_and_checks_health(name: str) ->
     for source in (src for sources in copies for src in sources):
         assert (REPO / source).exists(), f"{name}: COPY of missing {source}"
         assert source.split("/")[0] not in ignored, f"{name}: {source} is excluded by .dockerignore"
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.cuda"])
+def test_images_carry_the_shared_store_drivers(name: str) -> None:
+    text, _ = dockerfile(name)
+    extras = re.findall(r"\[([\w,-]+)\]\"", text)
+    assert extras and all({"redis", "postgres"} <= set(e.split(",")) for e in extras), extras  # tenancy.redis_url, database_url
+
+
+def test_cpu_dockerfile_reaches_the_gateway_code_through_content_addressed_layers() -> None:
+    """podman (buildah) reuses a RUN layer whose bind-mounted files changed: the enginegate wheel
+    must come into the final stage by COPY --from, or an image rebuilt after a code change keeps the
+    old gateway (the compose smoke test then ran last build's code)."""
+    text, _ = dockerfile("Dockerfile")
+    final = text[text.rindex("\nFROM "):]
+    runs = re.findall(r"^RUN (?:.*\\\n)*.*$", final, re.M)
+    assert not any("--mount" in run and "enginegate-" in run for run in runs), "the gateway's wheel via a bind mount"
+    assert re.search(r"^COPY --from=build /wheels/enginegate-\*\.whl ", final, re.M)
 
 
 def test_cpu_dockerfile_builds_llamacpp_portably_and_embeds_the_model() -> None:
