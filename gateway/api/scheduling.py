@@ -12,17 +12,18 @@ from adapters.server import ServerAdapter
 from gateway.api.errors import APIError
 from gateway.identity import Caller, ServiceTier, caller_of
 from gateway.metrics import GatewayMetrics
+from gateway.request_view import RequestView
 from gateway.routing import Backend, DeadlineExceeded, Lease, Refusal
 from gateway.scheduling import RANK, TIERS, Demand
 from gateway.scheduling.classify import DemandError, ceiling_of, demand_for
 
 
-def request_demand(request: Request, body: dict[str, Any]) -> Demand:
+def request_demand(request: Request, body: dict[str, Any], view: RequestView | None = None) -> Demand:
     """400 naming the header when a scheduling header is unreadable."""
     client = request.client.host if request.client is not None else None
     try:
         return demand_for(body, request.headers, caller_of(request.scope), client,
-                          request.app.state.settings.flows, asyncio.get_running_loop().time())
+                          request.app.state.settings.flows, asyncio.get_running_loop().time(), view)
     except DemandError as exc:
         raise APIError(400, str(exc), param=exc.header, code="invalid_header") from exc
 

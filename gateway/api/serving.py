@@ -273,7 +273,7 @@ async def generate(
     m = metrics(request)
     drain = request.app.state.drain
     run = call or (lambda adapter: lambda b, c: OPERATIONS[operation](adapter, b, c))
-    demand = request_demand(request, body)  # a header it cannot read is the client's 400, before any limit is spent
+    demand = request_demand(request, body, view)  # a header it cannot read is the client's 400, before any limit is spent
     body = within_ceiling(body, demand, caller_of(request.scope))
     ticket = await reserve_limits(request, backend, view, facts)
     work = _admitted_call(request, backend, run, body, ctx, request_route(request, backend, view, body), demand)

@@ -8,6 +8,7 @@ from typing import Any
 
 from gateway.config import FlowConfig
 from gateway.identity import Caller, ServiceTier
+from gateway.request_view import RequestView
 from gateway.scheduling.demand import RANK, TIERS, Demand
 from gateway.scheduling.prompt import prompt_tokens
 
@@ -80,12 +81,13 @@ def deadline_of(headers: Mapping[str, str], now: float) -> float | None:
 
 
 def demand_for(body: Mapping[str, Any], headers: Mapping[str, str], caller: Caller | None, client: str | None,
-               flows: FlowConfig, now: float) -> Demand:
-    """`headers` with lower-case names (Starlette's Headers); `now` on the event loop's clock."""
+               flows: FlowConfig, now: float, view: RequestView | None = None) -> Demand:
+    """`headers` with lower-case names (Starlette's Headers); `now` on the event loop's clock; `view`: the
+    request's prompt view when the caller has one (else it is made from the body)."""
     if caller is not None:
         flow = caller.name
     else:
         flow = (headers.get(flows.header) or "").strip()[:MAX_FLOW_CHARS] or client or ANONYMOUS
     weight = caller.weight if caller is not None and caller.weight != 1.0 else flows.weights.get(flow, 1.0)
     return Demand(flow=flow, tier=tier_of(body, headers, caller, flows), weight=weight,
-                  prompt_tokens=prompt_tokens(body), deadline=deadline_of(headers, now))
+                  prompt_tokens=prompt_tokens(view if view is not None else body), deadline=deadline_of(headers, now))
