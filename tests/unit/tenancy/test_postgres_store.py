@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -22,45 +21,16 @@ from gateway.tenancy.limits import Counters, Limits, check
 from gateway.tenancy.postgres_store import STEPS, PostgresKeyStore
 from gateway.tenancy.store import KeyExists, KeysActive, KeyStore, Settlement, StoreUnavailable, UsageDelta
 from tests.postgres_server import PostgresServer, postgres, postgres_server, postgres_url  # noqa: F401  (fixtures)
+from tests.stores.key_stores import NOW, Clients, limits, postgres_store, settlement
 
-NOW = 1_796_165_000.0  # 2026-12-01
-SHORT_TTL_MS = 400  # the lease tests' expiry (LEASE_TTL_MS is 30 s in production)
 TIMEOUT_S = 2.0
-Maker = Callable[[int], Any]
-
-
-def postgres_store(request: pytest.FixtureRequest, tmp_path: Path) -> Maker:
-    """Clients of one fresh database, each with its own pool (a gateway process each)."""
-    url: str = request.getfixturevalue("postgres_url")
-    return lambda ttl: PostgresKeyStore(Database(url, TIMEOUT_S), lease_ttl_ms=ttl, owns_database=True)
-
-
-class Clients:
-    def __init__(self, maker: Maker) -> None:
-        self.maker = maker
-        self.made: list[Any] = []
-
-    def __call__(self, lease_ttl_ms: int = 30_000) -> KeyStore:
-        store = self.maker(lease_ttl_ms)
-        self.made.append(store)
-        return store  # type: ignore[no-any-return]
 
 
 @pytest_asyncio.fixture
 async def clients(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Clients]:
     made = Clients(postgres_store(request, tmp_path))
     yield made
-    for store in made.made:
-        await store.close()
-
-
-def limits(**fields: Any) -> Limits:
-    return Limits.of(KeyPolicy(**fields), NOW)
-
-
-def settlement(request_id: str, name: str, lim: Limits | None, delta: int = 0, release: bool = True) -> Settlement:
-    return Settlement(request_id, name, lim, delta, release,
-                      UsageDelta(name, "m", "2026-12-01", requests=1, prompt_tokens=4, completion_tokens=delta))
+    await made.close()
 
 
 # -- keys ------------------------------------------------------------------------------------

@@ -2,57 +2,22 @@
 STORES: idempotent reserve and settle, leases that expire unless renewed, the admin reset, "keys are
 on" as a recorded fact, and exact concurrency across two clients on the same data (two gateways).
 
-A new store joins with one line in STORES: a function of (request, tmp_path) answering a maker of
-store clients on one shared, empty data set (`make(lease_ttl_ms)` -> a new client)."""
+A new store joins with one line in tests/stores/key_stores.STORES."""
 
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from gateway.database import Database
 from gateway.tenancy.keys import KeyPolicy, new_record
-from gateway.tenancy.limits import Limits
-from gateway.tenancy.postgres_store import PostgresKeyStore
-from gateway.tenancy.redis_store import RedisKeyStore
-from gateway.tenancy.sqlite_store import SQLiteKeyStore
-from gateway.tenancy.store import KeysActive, KeyStore, Settlement, UsageDelta
+from gateway.tenancy.store import KeysActive, Settlement, UsageDelta
 from tests.postgres_server import postgres, postgres_url  # noqa: F401  (the postgres parameter's fixtures)
 from tests.redis_server import RedisServer, redis_server
-
-NOW = 1_796_165_000.0  # 2026-12-01
-SHORT_TTL_MS = 400  # the lease tests' expiry (LEASE_TTL_MS is 30 s in production)
-Maker = Callable[[int], Any]
-
-
-def sqlite_store(request: pytest.FixtureRequest, tmp_path: Path) -> Maker:
-    path = tmp_path / "keys.sqlite3"
-    return lambda ttl: SQLiteKeyStore(path, lease_ttl_ms=ttl)
-
-
-def redis_store(request: pytest.FixtureRequest, tmp_path: Path) -> Maker:
-    server: RedisServer = request.getfixturevalue("redis")
-    prefix = f"t{uuid.uuid4().hex}:"
-    return lambda ttl: RedisKeyStore(server.url, prefix, lease_ttl_ms=ttl)
-
-
-def postgres_store(request: pytest.FixtureRequest, tmp_path: Path) -> Maker:
-    """Clients of one fresh database, each with its own pool (a gateway process each)."""
-    url: str = request.getfixturevalue("postgres_url")
-    return lambda ttl: PostgresKeyStore(Database(url, 5.0), lease_ttl_ms=ttl, owns_database=True)
-
-
-STORES: dict[str, Callable[[pytest.FixtureRequest, Path], Maker]] = {
-    "sqlite": sqlite_store,
-    "redis": redis_store,
-    "postgres": postgres_store,
-}
+from tests.stores.key_stores import SHORT_TTL_MS, STORES, Clients, limits, settlement
 
 
 @pytest.fixture(scope="module")
@@ -61,34 +26,11 @@ def redis() -> Iterator[RedisServer]:
         yield server
 
 
-class Clients:
-    """Store clients on one data set, as several gateway processes have; closed at the test's end."""
-
-    def __init__(self, maker: Maker) -> None:
-        self.maker = maker
-        self.made: list[Any] = []
-
-    def __call__(self, lease_ttl_ms: int = 30_000) -> KeyStore:
-        store = self.maker(lease_ttl_ms)
-        self.made.append(store)
-        return store  # type: ignore[no-any-return]
-
-
 @pytest_asyncio.fixture(params=list(STORES))
 async def clients(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Clients]:
     made = Clients(STORES[request.param](request, tmp_path))
     yield made
-    for store in made.made:
-        await store.close()
-
-
-def limits(**fields: Any) -> Limits:
-    return Limits.of(KeyPolicy(**fields), NOW)
-
-
-def settlement(request_id: str, name: str, lim: Limits | None, delta: int = 0, release: bool = True) -> Settlement:
-    return Settlement(request_id, name, lim, delta, release,
-                      UsageDelta(name, "m", "2026-12-01", requests=1, prompt_tokens=4, completion_tokens=delta))
+    await made.close()
 
 
 async def test_a_replayed_reserve_is_admitted_without_a_second_charge(clients: Clients) -> None:
