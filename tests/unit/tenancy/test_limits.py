@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,9 @@ from gateway.tenancy.limits import (
     rate_headers,
     refusal_message,
 )
-from gateway.tenancy.redis_store import RedisKeyStore
-from gateway.tenancy.sqlite_store import SQLiteKeyStore
 from gateway.tenancy.store import KeyStore, Settlement, UsageDelta
 from tests.redis_server import RedisServer, redis_server
+from tests.stores.key_stores import STORES, Clients
 
 NOW = 1_796_165_000.0  # 2026-12-01
 # name, policy fields, [(cost, expected refusal)] in order
@@ -67,15 +65,9 @@ def redis() -> Iterator[RedisServer]:
 @pytest_asyncio.fixture(params=["sqlite", "redis"])
 async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[KeyStore, KeyStore]]:
     """Two store clients on the same data, as two gateway processes have."""
-    if request.param == "sqlite":
-        pair: tuple[Any, Any] = (SQLiteKeyStore(tmp_path / "keys.sqlite3"), SQLiteKeyStore(tmp_path / "keys.sqlite3"))
-    else:
-        server: RedisServer = request.getfixturevalue("redis")
-        prefix = f"t{uuid.uuid4().hex}:"
-        pair = (RedisKeyStore(server.url, prefix), RedisKeyStore(server.url, prefix))
-    yield pair
-    for store in pair:
-        await store.close()
+    made = Clients(STORES[request.param](request, tmp_path))
+    yield made(), made()
+    await made.close()
 
 
 @pytest.mark.parametrize(("name", "fields", "steps"), SCENARIOS, ids=[s[0] for s in SCENARIOS])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,11 @@ import pytest_asyncio
 from gateway.request_view import view_of
 from gateway.tenancy.keys import KeyPolicy, new_record
 from gateway.tenancy.limits import DEFAULT_OUTPUT_TOKENS, Limits, Reservation, reservation
-from gateway.tenancy.redis_store import RedisKeyStore
 from gateway.tenancy.service import Refused, Tenancy
-from gateway.tenancy.sqlite_store import SQLiteKeyStore
 from gateway.tenancy.store import KeyStore, Settlement, UsageDelta
 from gateway.tenancy.ticket import Ticket
 from tests.redis_server import RedisServer, redis_server
+from tests.stores.key_stores import STORES, Clients
 
 HELLO = {"messages": [{"role": "user", "content": "hello"}]}
 PROMPT = view_of(HELLO).prompt_tokens
@@ -68,15 +66,9 @@ def redis() -> Iterator[RedisServer]:
 @pytest_asyncio.fixture(params=["sqlite", "redis"])
 async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[KeyStore, KeyStore]]:
     """Two store clients on the same data, as two gateway processes have."""
-    if request.param == "sqlite":
-        pair: tuple[Any, Any] = (SQLiteKeyStore(tmp_path / "keys.sqlite3"), SQLiteKeyStore(tmp_path / "keys.sqlite3"))
-    else:
-        server: RedisServer = request.getfixturevalue("redis")
-        prefix = f"t{uuid.uuid4().hex}:"
-        pair = (RedisKeyStore(server.url, prefix), RedisKeyStore(server.url, prefix))
-    yield pair
-    for store in pair:
-        await store.close()
+    made = Clients(STORES[request.param](request, tmp_path))
+    yield made(), made()
+    await made.close()
 
 
 async def test_a_refund_is_clamped_at_zero(stores: tuple[KeyStore, KeyStore]) -> None:
