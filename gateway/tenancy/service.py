@@ -183,10 +183,7 @@ class Tenancy:
     async def _flush_loop(self) -> None:
         while self._pending:
             await asyncio.sleep(FLUSH_INTERVAL_S)
-            try:
-                await self.flush()
-            except Exception:  # flush handles the store's errors; this loop outlives any other
-                log.exception("writing buffered usage failed; trying again in %gs", FLUSH_INTERVAL_S)
+            await self.flush()  # never raises for a store's error, whatever it is: the loop outlives them
 
     async def flush(self) -> bool:
         """Write what is buffered; True when nothing is left."""
