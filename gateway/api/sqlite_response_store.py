@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from gateway.api.response_store import IdTaken, StoredResponse, StoreUnavailable
+from gateway.sqlite_wal import switch_to_wal
 
 BUSY_TIMEOUT_S = 30.0
 SCHEMA_VERSION = 1
@@ -63,20 +64,6 @@ def _private_file(path: Path) -> None:
         side = path.with_name(path.name + suffix)
         if side.exists() and side.stat().st_mode & 0o077:
             side.chmod(PRIVATE_FILE)
-
-
-def _wal(conn: sqlite3.Connection) -> None:
-    """Switch to WAL, waiting out another process doing the same: SQLite answers that change with SQLITE_BUSY
-    at once, without its busy handler, while another connection opens the new file."""
-    deadline = time.monotonic() + BUSY_TIMEOUT_S
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if not ("locked" in str(exc) or "busy" in str(exc)) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -148,7 +135,7 @@ class SQLiteResponseStore:
                 _private_file(self.path)
                 conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
                 try:
-                    _wal(conn)
+                    switch_to_wal(conn, BUSY_TIMEOUT_S)
                     migrate(conn)
                 finally:
                     conn.close()

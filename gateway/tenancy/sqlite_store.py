@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from gateway.sqlite_wal import is_locked, switch_to_wal
 from gateway.tenancy.keys import KeyRecord
 from gateway.tenancy.limits import Counters, Decision, Limits, check
 from gateway.tenancy.store import (
@@ -92,26 +93,6 @@ def private_file(path: Path) -> None:
     os.chmod(path, 0o600)
 
 
-def _locked(exc: sqlite3.OperationalError) -> bool:
-    """SQLITE_BUSY/LOCKED: another connection holds the lock (the loop's connection never waits for it)."""
-    return "locked" in str(exc) or "busy" in str(exc)
-
-
-def _wal(db: sqlite3.Connection) -> None:
-    """Switch to WAL, waiting out another process doing the same: SQLite answers that change with SQLITE_BUSY
-    at once, without its busy handler, while another connection opens the new file (two gateways, or two
-    store clients, starting together), so the busy timeout is applied here by hand (worker thread only)."""
-    deadline = time.monotonic() + BUSY_TIMEOUT_S
-    while True:
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if not _locked(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-
-
 def _transaction(db: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
     db.execute("BEGIN IMMEDIATE")
     try:
@@ -138,7 +119,7 @@ class SQLiteKeyStore:
         if self._db is None:
             private_file(self.path)
             db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-            _wal(db)
+            switch_to_wal(db, BUSY_TIMEOUT_S)
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(SCHEMA)
             self._db = db
@@ -181,7 +162,7 @@ class SQLiteKeyStore:
                     self._executor.submit(self._checkpoint)
                 return out
         except sqlite3.OperationalError as exc:
-            if not _locked(exc):
+            if not is_locked(exc):
                 self._loop_db = None
                 raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
         except sqlite3.Error as exc:
@@ -201,7 +182,7 @@ class SQLiteKeyStore:
                 return await self._run(self._one, sql, secret_hash)
             row = db.execute(sql, (secret_hash,)).fetchone()
         except sqlite3.OperationalError as exc:
-            if not _locked(exc):
+            if not is_locked(exc):
                 self._loop_db = None
                 raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
             return await self._run(self._one, sql, secret_hash)  # rare for a WAL read: wait on the thread
