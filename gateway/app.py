@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
-from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -36,10 +34,7 @@ from gateway.metrics import GatewayMetrics, MetricsMiddleware
 from gateway.middleware import BodyLimitMiddleware
 from gateway.runtime import Runtime
 from gateway.tenancy.middleware import AuthMiddleware
-from gateway.tenancy.setup import build_tenancy
-
-if TYPE_CHECKING:  # asyncpg is an extra: imported only when database_url is set
-    from gateway.database import Database
+from gateway.tenancy.setup import build_tenancy, open_database
 
 log = logging.getLogger("enginegate")
 STARTUP_FAILED = 3  # the CLI's exit status when an engine cannot start
@@ -51,7 +46,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.router.lifespan = _lifespan(app, settings, runtime)  # type: ignore[method-assign]
     app.state.metrics = GatewayMetrics()
     app.state.settings = settings
-    app.state.database = open_database(settings)
+    app.state.database = open_database(settings)  # the one pool every store of this gateway shares
     app.state.response_store = responses.build_store(settings, app.state.database)
     app.state.drain = Drain(settings.shutdown_grace_seconds, settings.retry_after_seconds)
     app.state.startup_error = None
@@ -68,16 +63,6 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.add_middleware(messages.AnthropicDialectMiddleware)  # outside auth and drain: their errors leave in Anthropic's shape too
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
-
-
-def open_database(settings: Settings) -> Database | None:
-    """The one pool to `database_url` that every store of this gateway shares (None: SQLite files);
-    it connects on first use."""
-    if settings.database_url is None:
-        return None
-    from gateway.database import Database
-
-    return Database(settings.database_url, settings.tenancy.store_timeout_seconds)
 
 
 def _lifespan(app: FastAPI, settings: Settings, runtime: Runtime | None) -> ASGIApp:

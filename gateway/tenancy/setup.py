@@ -44,7 +44,8 @@ def open_store(cfg: TenancyConfig, database: Database | None = None, owns_databa
 
 
 def open_database(settings: Settings) -> Database | None:
-    """A pool to `database_url` for a process that has none (the CLI); None without it."""
+    """A pool to `database_url` (None without it: SQLite files), connecting on first use: the gateway's one
+    pool, shared by every store (app.py), or the CLI's own."""
     if settings.database_url is None:
         return None
     from gateway.database import Database
