@@ -109,10 +109,6 @@ class AuthMiddleware:
         if token:
             try:
                 record = await self.tenancy.authenticate(token)
-                if record is not None and record.unknown:  # a restriction this gateway cannot enforce: fail closed
-                    raise UnreadableKey(f"the stored key {record.name!r} has policy fields this gateway cannot "
-                                        f"enforce ({', '.join(sorted(record.unknown))}): written by a newer gateway? "
-                                        "It is refused here until this gateway is upgraded")
             except StoreUnavailable:
                 await send_error(send, 503, "The key store is unreachable; try again shortly.", "store_unavailable",
                                  [(b"retry-after", str(self.retry_after).encode())])

@@ -29,7 +29,7 @@ from typing import Literal
 
 import orjson
 
-from gateway.tenancy.keys import KeyRecord, hash_secret
+from gateway.tenancy.keys import KeyRecord, UnreadableKey, hash_secret
 from gateway.tenancy.limits import Decision, Limits, Reservation
 from gateway.tenancy.metrics import TenancyMetrics
 from gateway.tenancy.store import LEASE_RENEW_S, KeyStore, Settlement, StoreUnavailable, UsageDelta
@@ -92,7 +92,9 @@ class Tenancy:
         self._has_keys = (time.monotonic(), False)
 
     async def authenticate(self, token: bytes) -> KeyRecord | None:
-        """The active, unexpired key with this secret, or None. Raises StoreUnavailable (fail closed)."""
+        """The active, unexpired key with this secret, or None. Raises StoreUnavailable (fail closed), and
+        UnreadableKey for a stored key with policy fields this gateway does not know (a restriction it
+        cannot enforce: fail closed, on every route that reads the key)."""
         digest = hash_secret(token)
         record = self.static.get(digest)
         if record is None:
@@ -108,6 +110,10 @@ class Tenancy:
                 self._known.pop(digest, None)
         if record is None or record.revoked_at is not None or record.expired(time.time()):
             return None
+        if record.unknown:
+            raise UnreadableKey(f"the stored key {record.name!r} has policy fields this gateway cannot enforce "
+                                f"({', '.join(sorted(record.unknown))}): written by a newer gateway? It is refused "
+                                "here until this gateway is upgraded")
         return record
 
     # -- limits --------------------------------------------------------------------------------

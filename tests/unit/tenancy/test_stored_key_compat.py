@@ -92,3 +92,19 @@ async def test_a_value_this_gateway_cannot_read_is_a_401_in_the_apis_shape(tmp_p
 def test_a_config_file_key_with_an_unknown_field_still_fails_start_up() -> None:
     with pytest.raises(ValidationError, match="max_tier"):
         Settings(api_keys=({"key": "k", "name": "team-a", "max_tier": "flex"},))  # type: ignore[arg-type]
+
+
+async def test_the_key_is_refused_by_authentication_itself_so_no_route_identifies_it(tmp_path: Path) -> None:
+    """Public routes (/ready shows an admin more) identify a caller too: refusing only on protected routes
+    would let an admin key with an unknown restriction be recognised as an admin there."""
+    from gateway.tenancy.keys import UnreadableKey
+    from gateway.tenancy.service import Tenancy
+
+    path = tmp_path / "keys.sqlite3"
+    secret = await stored_key(path, "ops-2", KeyPolicy(role="admin"), **FUTURE)
+    tenancy = Tenancy(SQLiteKeyStore(path))
+    try:
+        with pytest.raises(UnreadableKey, match="allowed_networks, max_tier"):
+            await tenancy.authenticate(secret.encode())
+    finally:
+        await tenancy.store.close()
