@@ -159,7 +159,7 @@ def _tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(req.tools):
         if tool.get("type") != "function" or not tool.get("name"):
             raise APIError(400, f"tools[{i}]: only function tools (type `function` with a name) are supported, "
-                                f"not `{tool.get('type')}`", param=f"tools[{i}].type")
+                                f"not `{tool.get('type')}`", param=f"tools[{i}].type", code="invalid_value")
         fn = {"name": tool["name"], "description": tool.get("description") or "",
               "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
         tools.append({"type": "function", "function": fn})
@@ -169,11 +169,13 @@ def _tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
 def _tool_choice(choice: str | dict[str, Any] | None, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
     if choice is None or isinstance(choice, str):
         if choice not in (None, "auto", "none", "required"):
-            raise APIError(400, "tool_choice must be auto, none, required or a function", param="tool_choice")
+            raise APIError(400, "tool_choice must be auto, none, required or a function", param="tool_choice",
+                           code="invalid_value")
         return choice
     name = choice.get("name")
     if choice.get("type") != "function" or not any(t["function"]["name"] == name for t in tools or []):
-        raise APIError(400, f"tool_choice names function `{name}`, which is not in tools", param="tool_choice")
+        raise APIError(400, f"tool_choice names function `{name}`, which is not in tools", param="tool_choice",
+                       code="invalid_value")
     return {"type": "function", "function": {"name": name}}
 
 
@@ -184,7 +186,8 @@ def response_format(req: ResponsesRequest) -> dict[str, Any] | None:
     if fmt.type == "json_object":
         return {"type": "json_object"}
     if not isinstance(fmt.schema_, dict):
-        raise APIError(400, "text.format.schema must be a JSON schema object", param="text.format.schema")
+        raise APIError(400, "text.format.schema must be a JSON schema object", param="text.format.schema",
+                       code="invalid_json_schema")
     return {"type": "json_schema", "json_schema": {"name": fmt.name or "output", "schema": fmt.schema_,
                                                     "strict": bool(fmt.strict)}}
 
