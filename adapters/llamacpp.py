@@ -278,15 +278,36 @@ class LlamaCppAdapter(Adapter):
                 kwargs[key] = body[key]
         if kwargs.get("tool_choice") == "required" and kwargs.get("tools"):
             kwargs["tool_choice"] = await self._required_tool(kwargs)
+        forced = self._forced_call(kwargs)
         counter = self._counter(body)
         if body.get("stream"):
-            return await self._stream(lambda: self._llm.create_chat_completion(
+            events = await self._stream(lambda: self._llm.create_chat_completion(
                 stream=True, logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl", "chat.completion.chunk")
+            return events if forced is None else forced_tools.as_tool_call_stream(events, forced)
         result = await self._complete(lambda: self._llm.create_chat_completion(
             logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl")
+        if forced is not None:
+            result = forced_tools.as_tool_call(result, forced)
         assert isinstance(result.body, dict)
         mend_completion(result.body)
         return result
+
+    def _forced_call(self, kwargs: dict[str, Any]) -> str | None:
+        """A named tool_choice on the GGUF's own template, made here rather than by llama-cpp-python: the
+        answer is constrained to the function's parameters (its JSON schema as a grammar) and becomes the
+        call, keeping the engine's finish reason. llama-cpp-python's own forced call always says
+        `tool_calls`, so a call cut by max_tokens looked finished. The tools stay in the request, for a
+        template that renders them. Returns the function's name (None: not forced here)."""
+        choice = kwargs.get("tool_choice")
+        if self.chat_format or not isinstance(choice, dict):
+            return None  # a configured chat_format (functionary, chatml-function-calling) calls tools its own way
+        name = str((choice.get("function") or {}).get("name"))
+        fn = forced_tools.function_of(kwargs, name)
+        if fn is None:
+            return None
+        del kwargs["tool_choice"]
+        kwargs["response_format"] = {"type": "json_object", "schema": fn.get("parameters") or {"type": "object"}}
+        return name
 
     async def _required_tool(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """`tool_choice: "required"` as the named choice llama-cpp-python constrains by grammar: with one

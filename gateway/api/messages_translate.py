@@ -266,7 +266,8 @@ def _usage(usage: Usage | None) -> dict[str, int]:
 
 
 def stop_reason(out: ChatOutput) -> str:
-    if out.tool_calls:
+    """A tool call cut by the token limit is `max_tokens`, as Anthropic says it: not a `tool_use` to run."""
+    if out.tool_calls and out.finish_reason != "length":
         return "tool_use"
     return STOP_REASONS.get(out.finish_reason or "stop", "end_turn")
 
