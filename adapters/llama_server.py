@@ -15,8 +15,18 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from adapters import forced_tools, llamacpp
-from adapters.base import Capabilities, Completion, EngineError, RequestContext, StreamEvent
+import orjson
+
+from adapters import forced_tools, llamacpp, tool_prompt
+from adapters.base import (
+    Capabilities,
+    ClientRequestError,
+    Completion,
+    EngineError,
+    RequestContext,
+    StreamEvent,
+    UnsupportedError,
+)
 from adapters.config import EngineConfig
 from adapters.launch import LaunchConfigError, strings
 from adapters.openai_http import UpstreamConnectionError
@@ -138,6 +148,7 @@ class LlamaServerAdapter(ServerAdapter):
     def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
         super().__init__(config, spec)
         self._embedder: ManagedProcess | None = None
+        self._tools_rendered: bool | None = None  # does the chat template render tools? (probed on first use)
         self._embedder_lock = asyncio.Lock()
         if not multimodal(self.options):  # text only: images and audio are refused before they are sent
             self.capabilities = dataclasses.replace(self.capabilities, image_input=False, audio_input=False)
@@ -189,20 +200,65 @@ class LlamaServerAdapter(ServerAdapter):
     async def chat(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         """A forced tool_choice is made by the JSON schema of the function's parameters (llama-server's
         own tool calls depend on the model's chat template and ignore `required` for many: SmolLM2's)."""
-        if not body.get("tools") or body.get("tool_choice") in (None, "auto", "none"):
+        tools = body.get("tools")
+        rendered = bool(tools) and body.get("tool_choice") != "none" and not await self._renders_tools(ctx)
+        if rendered and body.get("tool_choice") in (None, "auto"):
+            return await self._answer_chat(body, ctx)
+        if not tools or body.get("tool_choice") in (None, "auto", "none"):
             return await super().chat(body, ctx)
+        asked = {**body, "messages": tool_prompt.render_messages(body["messages"], tool_prompt.tools_block(tools))} \
+            if rendered else body
         fn = forced_tools.forced_function(body)
         if fn is None and forced_tools.needs_pick(body):
-            picked = await super().chat(forced_tools.pick_request(body), ctx)
+            picked = await super().chat(forced_tools.pick_request(asked), ctx)
             assert isinstance(picked, Completion)
             fn = forced_tools.function_of(body, forced_tools.picked_name(picked, body))
         if fn is None:
             return await super().chat(body, ctx)  # a name not in tools: the engine's own 400
-        result = await super().chat(forced_tools.schema_request(body, fn), ctx)
         name = str(fn.get("name"))
+        if rendered:
+            asked = {**body, "messages": tool_prompt.render_messages(body["messages"],
+                                                                     tool_prompt.args_instruction(tools, name))}
+        result = await super().chat(forced_tools.schema_request(asked, fn), ctx)
         if isinstance(result, Completion):
             return forced_tools.as_tool_call(result, name)
         return forced_tools.as_tool_call_stream(result, name)
+
+    async def _answer_chat(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+        """`tool_choice: auto` on a template that ignores tools: the tools in the prompt (adapters/tool_prompt),
+        the answer held to "a reply or a call" by llama-server's json_schema (unless the client set a format)."""
+        tools = body["tools"]
+        plain = {k: v for k, v in body.items() if k not in ("tools", "tool_choice", "parallel_tool_calls")}
+        plain["messages"] = tool_prompt.render_messages(body["messages"], tool_prompt.tools_block(tools))
+        if not body.get("response_format"):
+            plain["response_format"] = {"type": "json_schema",
+                                        "json_schema": {"name": "answer", "schema": tool_prompt.answer_schema(tools)}}
+        result = await super().chat(plain, ctx)
+        if isinstance(result, Completion):
+            return tool_prompt.as_answer(result)
+        return tool_prompt.as_answer_stream(result)
+
+    async def _renders_tools(self, ctx: RequestContext) -> bool:
+        """Whether the model's chat template, as llama-server applies it (/apply-template), writes `tools`
+        into the prompt: a probe rendered with and without a tool, once."""
+        if self._tools_rendered is None:
+            upstream = await self._upstream()
+
+            async def prompt(tools: list[dict[str, Any]] | None) -> str | None:
+                probe: dict[str, Any] = {"messages": tool_prompt.PROBE_MESSAGES, **({"tools": tools} if tools else {})}
+                try:
+                    result = await self.relay.complete(upstream, "/apply-template", probe, ctx)
+                except (EngineError, ClientRequestError, UnsupportedError):  # a template that fails on tools
+                    return None
+                data = orjson.loads(result.body) if isinstance(result.body, bytes) else result.body
+                text = data.get("prompt") if isinstance(data, dict) else None
+                return text if isinstance(text, str) else None
+
+            without = await prompt(None)
+            if without is None:  # the route itself failed (an engine too old, or not serving): ask again later
+                return True
+            self._tools_rendered = tool_prompt.renders_tools(without, await prompt(tool_prompt.PROBE_TOOLS))
+        return self._tools_rendered
 
     async def props(self) -> bytes | None:
         """llama-server's /props (its slot count, context, model), or None while it does not serve."""

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from adapters import forced_tools
+from adapters import forced_tools, tool_prompt
 from adapters.base import (
     Adapter,
     Capabilities,
@@ -113,6 +113,7 @@ class LlamaCppAdapter(Adapter):
         ))
         self._started = False
         self._stopped = False
+        self._tools_rendered: bool | None = None  # does the chat template render tools? (probed on first use)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -276,17 +277,79 @@ class LlamaCppAdapter(Adapter):
         for key in ("tools", "tool_choice"):
             if body.get(key) is not None:
                 kwargs[key] = body[key]
+        rendered = bool(kwargs.get("tools")) and kwargs.get("tool_choice") != "none" and not await self._renders_tools()
+        if rendered:  # the template ignores tools: the gateway writes them into the prompt (adapters/tool_prompt)
+            original = kwargs["messages"]
+            kwargs["messages"] = tool_prompt.render_messages(original, tool_prompt.tools_block(kwargs["tools"]))
         if kwargs.get("tool_choice") == "required" and kwargs.get("tools"):
             kwargs["tool_choice"] = await self._required_tool(kwargs)
+        answer = rendered and not isinstance(kwargs.get("tool_choice"), dict)
+        if rendered and not answer:  # forced: the prompt names the one call, the grammar holds its arguments
+            name = str((kwargs["tool_choice"].get("function") or {}).get("name"))
+            kwargs["messages"] = tool_prompt.render_messages(original, tool_prompt.args_instruction(kwargs["tools"], name))
+        if answer:  # auto: a reply or a call, in the form, held to it by the answer's schema
+            if fmt is None:
+                kwargs["response_format"] = {"type": "json_object", "schema": tool_prompt.answer_schema(kwargs["tools"])}
+            kwargs.pop("tool_choice", None)
+            kwargs.pop("tools")
+        forced = self._forced_call(kwargs)
         counter = self._counter(body)
         if body.get("stream"):
-            return await self._stream(lambda: self._llm.create_chat_completion(
+            events = await self._stream(lambda: self._llm.create_chat_completion(
                 stream=True, logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl", "chat.completion.chunk")
+            if answer:
+                return tool_prompt.as_answer_stream(events)
+            return events if forced is None else forced_tools.as_tool_call_stream(events, forced)
         result = await self._complete(lambda: self._llm.create_chat_completion(
             logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl")
+        if forced is not None:
+            result = forced_tools.as_tool_call(result, forced)
+        if answer:
+            result = tool_prompt.as_answer(result)
         assert isinstance(result.body, dict)
         mend_completion(result.body)
         return result
+
+    async def _renders_tools(self) -> bool:
+        """Whether the model's chat template (as llama-cpp-python renders it: the GGUF's jinja template or
+        the configured chat_format) writes `tools` into the prompt: a probe's prompt tokens with and
+        without a tool, measured once (two one-token generations)."""
+        if self._tools_rendered is None:
+            self._require_loaded()
+
+            def prompt_tokens(tools: list[dict[str, Any]] | None) -> int | None:
+                try:
+                    out = self._llm.create_chat_completion(messages=tool_prompt.PROBE_MESSAGES, tools=tools,
+                                                           max_tokens=1, temperature=0.0)
+                except Exception:  # noqa: BLE001 - a template that raises on tools does not render them
+                    log.info("%s: the chat template failed on a probe with tools", self.config.served, exc_info=True)
+                    return None
+                return int(out["usage"]["prompt_tokens"])
+
+            loop = asyncio.get_running_loop()
+            without = await loop.run_in_executor(self._executor, lambda: prompt_tokens(None))
+            with_tools = await loop.run_in_executor(self._executor, lambda: prompt_tokens(tool_prompt.PROBE_TOOLS))
+            self._tools_rendered = tool_prompt.renders_tools(without, with_tools)
+            log.info("%s: the chat template %s tools (probe prompt %s tokens without, %s with)", self.config.served,
+                     "renders" if self._tools_rendered else "ignores", without, with_tools)
+        return self._tools_rendered
+
+    def _forced_call(self, kwargs: dict[str, Any]) -> str | None:
+        """A named tool_choice on the GGUF's own template, made here rather than by llama-cpp-python: the
+        answer is constrained to the function's parameters (its JSON schema as a grammar) and becomes the
+        call, keeping the engine's finish reason. llama-cpp-python's own forced call always says
+        `tool_calls`, so a call cut by max_tokens looked finished. The tools stay in the request, for a
+        template that renders them. Returns the function's name (None: not forced here)."""
+        choice = kwargs.get("tool_choice")
+        if self.chat_format or not isinstance(choice, dict):
+            return None  # a configured chat_format (functionary, chatml-function-calling) calls tools its own way
+        name = str((choice.get("function") or {}).get("name"))
+        fn = forced_tools.function_of(kwargs, name)
+        if fn is None:
+            return None
+        del kwargs["tool_choice"]
+        kwargs["response_format"] = {"type": "json_object", "schema": fn.get("parameters") or {"type": "object"}}
+        return name
 
     async def _required_tool(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """`tool_choice: "required"` as the named choice llama-cpp-python constrains by grammar: with one

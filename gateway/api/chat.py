@@ -10,6 +10,7 @@ from gateway.api.fanout import n_choices
 from gateway.api.modalities import check_modalities
 from gateway.api.protocol import ChatCompletionRequest, ResponseFormat, engine_body
 from gateway.api.tool_checks import check_response_schema, check_tool_choice, check_tools, renamer
+from gateway.api.refusals import refuse
 from gateway.api.serving import generate, parse_body, require, resolve_backend
 from gateway.routing import Backend
 
@@ -42,7 +43,7 @@ def check_chat(
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    parsed, body = await parse_body(request, ChatCompletionRequest)
+    parsed, body = await parse_body(request, ChatCompletionRequest, refuse("chat"))
     backend = resolve_backend(request, parsed.model, "chat")
     check_chat(backend, tools=parsed.tools, response_format=parsed.response_format, tool_choice=parsed.tool_choice)
     check_modalities(backend, body["messages"], lambda i: f"messages.{i}.content")

@@ -5,6 +5,7 @@ from starlette.responses import Response
 
 from gateway.api.fanout import n_choices
 from gateway.api.protocol import CompletionRequest, engine_body
+from gateway.api.refusals import refuse
 from gateway.api.serving import generate, parse_body, require, resolve_backend
 from gateway.api.validate import check_token_ids
 
@@ -13,7 +14,7 @@ router = APIRouter()
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    parsed, body = await parse_body(request, CompletionRequest)
+    parsed, body = await parse_body(request, CompletionRequest, refuse("completions"))
     backend = resolve_backend(request, parsed.model, "completions")
     check_token_ids(parsed.prompt, "prompt", backend.adapter.describe())
     require(backend, body)

@@ -18,6 +18,7 @@ from gateway.api.messages_translate import (
 )
 from gateway.api.modalities import check_modalities
 from gateway.api.protocol import ResponseFormat
+from gateway.api.refusals import refuse
 from gateway.api.serving import generate, parse_body, resolve_backend
 
 router = APIRouter()
@@ -27,7 +28,7 @@ NAMES = {"tools": "tools", "response_format": "output_config.format", "tools.fun
 
 @router.post("/v1/messages")
 async def messages(request: Request) -> Response:
-    parsed, _ = await parse_body(request, MessagesRequest)
+    parsed, _ = await parse_body(request, MessagesRequest, refuse("messages"))
     body = to_chat(parsed)
     backend = resolve_backend(request, parsed.model, "chat")
     fmt = body.get("response_format")
@@ -39,7 +40,7 @@ async def messages(request: Request) -> Response:
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request) -> Response:
-    parsed, _ = await parse_body(request, CountTokensRequest)
+    parsed, _ = await parse_body(request, CountTokensRequest, refuse("messages"))
     body = {**to_chat(parsed), "max_tokens": 1, "temperature": 0}
     body.pop("tool_choice", None)  # a forced tool would add a grammar, not prompt tokens
     backend = resolve_backend(request, parsed.model, "chat")

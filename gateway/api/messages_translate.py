@@ -219,7 +219,8 @@ def _tool_choice(choice: ToolChoice | None, tools: list[Tool] | None) -> str | d
         return None
     if choice.type == "tool":
         if not choice.name or not any(t.name == choice.name for t in tools or []):
-            raise APIError(400, f"tool_choice names `{choice.name}`, which is not in tools", param="tool_choice.name")
+            raise APIError(400, f"tool_choice names `{choice.name}`, which is not in tools", param="tool_choice.name",
+                           code="invalid_value")
         return {"type": "function", "function": {"name": choice.name}}
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
 
@@ -265,7 +266,8 @@ def _usage(usage: Usage | None) -> dict[str, int]:
 
 
 def stop_reason(out: ChatOutput) -> str:
-    if out.tool_calls:
+    """A tool call cut by the token limit is `max_tokens`, as Anthropic says it: not a `tool_use` to run."""
+    if out.tool_calls and out.finish_reason != "length":
         return "tool_use"
     return STOP_REASONS.get(out.finish_reason or "stop", "end_turn")
 

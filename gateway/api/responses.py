@@ -27,6 +27,7 @@ from gateway.api.responses_translate import (
     native_body,
     to_chat,
 )
+from gateway.api.refusals import refuse
 from gateway.api.serving import echoed, generate, parse_body, resolve_backend
 from gateway.api.sqlite_response_store import SQLiteResponseStore
 from gateway.config import Settings
@@ -84,7 +85,7 @@ def _not_found(response_id: str) -> APIError:
 
 @router.post("/v1/responses")
 async def create_response(request: Request) -> Response:
-    parsed, raw = await parse_body(request, ResponsesRequest)
+    parsed, raw = await parse_body(request, ResponsesRequest, refuse("responses"))
     store = _store(request)
     history: list[dict[str, Any]] = []
     if parsed.previous_response_id is not None:

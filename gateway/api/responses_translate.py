@@ -159,7 +159,7 @@ def _tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(req.tools):
         if tool.get("type") != "function" or not tool.get("name"):
             raise APIError(400, f"tools[{i}]: only function tools (type `function` with a name) are supported, "
-                                f"not `{tool.get('type')}`", param=f"tools[{i}].type")
+                                f"not `{tool.get('type')}`", param=f"tools[{i}].type", code="invalid_value")
         fn = {"name": tool["name"], "description": tool.get("description") or "",
               "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
         tools.append({"type": "function", "function": fn})
@@ -169,11 +169,13 @@ def _tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
 def _tool_choice(choice: str | dict[str, Any] | None, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
     if choice is None or isinstance(choice, str):
         if choice not in (None, "auto", "none", "required"):
-            raise APIError(400, "tool_choice must be auto, none, required or a function", param="tool_choice")
+            raise APIError(400, "tool_choice must be auto, none, required or a function", param="tool_choice",
+                           code="invalid_value")
         return choice
     name = choice.get("name")
     if choice.get("type") != "function" or not any(t["function"]["name"] == name for t in tools or []):
-        raise APIError(400, f"tool_choice names function `{name}`, which is not in tools", param="tool_choice")
+        raise APIError(400, f"tool_choice names function `{name}`, which is not in tools", param="tool_choice",
+                       code="invalid_value")
     return {"type": "function", "function": {"name": name}}
 
 
@@ -184,7 +186,8 @@ def response_format(req: ResponsesRequest) -> dict[str, Any] | None:
     if fmt.type == "json_object":
         return {"type": "json_object"}
     if not isinstance(fmt.schema_, dict):
-        raise APIError(400, "text.format.schema must be a JSON schema object", param="text.format.schema")
+        raise APIError(400, "text.format.schema must be a JSON schema object", param="text.format.schema",
+                       code="invalid_json_schema")
     return {"type": "json_schema", "json_schema": {"name": fmt.name or "output", "schema": fmt.schema_,
                                                     "strict": bool(fmt.strict)}}
 
@@ -309,7 +312,7 @@ class ResponseShell:
         incomplete = "max_output_tokens" if out.finish_reason == "length" else None
         status = "incomplete" if incomplete else "completed"
         output = [message_item(message_id, out.text, status)] if out.text or not out.tool_calls else []
-        output += [call_item(cid, call, "completed") for cid, call in zip(call_ids, out.tool_calls)]
+        output += [call_item(cid, call, status) for cid, call in zip(call_ids, out.tool_calls)]
         return self.body(status, output, out.usage, incomplete)
 
 
@@ -345,7 +348,7 @@ class ResponsesWriter:
         shell = self.shell.body("in_progress", [])
         return self._sse("response.created", {"response": shell}) + self._sse("response.in_progress", {"response": shell})
 
-    def _close(self) -> bytes:
+    def _close(self, status: str = "completed") -> bytes:
         if self.open is None:
             return b""
         kind, tool_index = self.open
@@ -356,12 +359,12 @@ class ResponsesWriter:
             ids = {"item_id": self.message_id, **where, "content_index": 0}
             return (self._sse("response.output_text.done", {**ids, "text": text, "logprobs": []})
                     + self._sse("response.content_part.done", {**ids, "part": text_part(text)})
-                    + self._sse("response.output_item.done", {**where, "item": message_item(self.message_id, text, "completed")}))
+                    + self._sse("response.output_item.done", {**where, "item": message_item(self.message_id, text, status)}))
         call = self.reader.calls[tool_index]
         item_id = self.call_ids[tool_index]
         return (self._sse("response.function_call_arguments.done", {"item_id": item_id, **where, "name": call.name,
                                                                     "arguments": call.arguments})
-                + self._sse("response.output_item.done", {**where, "item": call_item(item_id, call, "completed")}))
+                + self._sse("response.output_item.done", {**where, "item": call_item(item_id, call, status)}))
 
     def _open_message(self) -> bytes:
         out = self._close()
@@ -410,8 +413,8 @@ class ResponsesWriter:
         out = self._start()
         if self.index < 0 and not self.reader.calls:  # nothing generated: still one (empty) message item
             out += self._open_message()
-        out += self._close()
         result = self.reader.output()
+        out += self._close("incomplete" if result.finish_reason == "length" else "completed")  # the last item was cut
         calls = [self.call_ids.get(i) or new_id("fc") for i in sorted(self.reader.calls)]
         body = self.shell.finished(result, (self.message_id, calls))
         await self.on_done(body)

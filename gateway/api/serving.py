@@ -110,7 +110,9 @@ CHAT_WRITER = _ChatWriter()  # stateless: one serves every chat stream
 MAX_NESTING = 254
 
 
-async def parse_body(request: Request, model: type[M]) -> tuple[M, dict[str, Any]]:
+async def parse_body(request: Request, model: type[M],
+                     before: Callable[[dict[str, Any]], None] | None = None) -> tuple[M, dict[str, Any]]:
+    """The body, parsed as `model`; `before(body)` first checks the raw object (refusals.refuse)."""
     raw = await request.body()
     try:
         body = orjson.loads(raw)
@@ -122,6 +124,8 @@ async def parse_body(request: Request, model: type[M]) -> tuple[M, dict[str, Any
         orjson.dumps(body)
     except TypeError as exc:
         raise APIError(400, f"request body nests deeper than {MAX_NESTING} levels") from exc
+    if before is not None:
+        before(body)
     try:
         parsed = model.model_validate(body)
     except ValidationError as exc:

@@ -219,7 +219,9 @@ def test_responses_tool_round_trip_survives_a_restart(oai: openai.OpenAI, store_
         assert client.responses.retrieve(second.id).output_text == second.output_text
         items = client.responses.input_items.list(second.id, order="asc")
         assert [i.type for i in items.data] == ["function_call_output"]
+        # the same tools as before: their definitions are in the prompt (this template ignores tools, so the
+        # gateway writes them there), and only the history should differ
         third = client.responses.create(model=MODEL, previous_response_id=second.id, input="Thanks! Anything else?",
-                                        max_output_tokens=8, temperature=0)
+                                        tools=tools, max_output_tokens=8, temperature=0)  # type: ignore[arg-type]
         assert third.usage is not None and second.usage is not None
         assert third.usage.input_tokens > second.usage.input_tokens  # the whole history went to the engine
