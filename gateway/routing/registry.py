@@ -48,6 +48,11 @@ class Backend:
     lifecycle: ModelLifecycle | None = None
     lifecycles: Lifecycles | None = None
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    parent: str | None = None
+    """For a LoRA adapter served as a model of its own: the base model's id. Such a backend shares the base's
+    replicas, admission and lifecycle (one engine serves both); its own name keys access, usage and metrics."""
+    children: list[Backend] = field(default_factory=list)
+    """The base's adapters' backends, which follow it to a fallback engine (`use`)."""
     balancer: Balancer = field(init=False)
     monitor: HealthMonitor | None = field(default=None, init=False)
 
@@ -177,6 +182,8 @@ class Backend:
         self.replicas = choice.build()
         self.adapter, self.admission = self.replicas[0].adapter, self.replicas[0].admission
         self.plan = choice.plan
+        for child in self.children:
+            child.replicas, child.adapter, child.admission, child.plan = self.replicas, self.adapter, self.admission, self.plan
 
     async def _lease(self, route: RouteKey | None, exclude: Collection[Replica], demand: Demand | None) -> Lease:
         """The replica's choice and its admission (see acquire)."""
@@ -291,6 +298,7 @@ class ModelRegistry:
     def __init__(self) -> None:
         self._backends: dict[str, Backend] = {}
         self._by_name: dict[str, Backend] = {}
+        self._adapters: dict[str, Backend] = {}
 
     def add(self, backend: Backend) -> None:
         for name in (backend.model_id, *backend.aliases):
@@ -298,6 +306,23 @@ class ModelRegistry:
                 raise ValueError(f"model id {name!r} is configured twice")
             self._by_name[name] = backend
         self._backends[backend.model_id] = backend
+
+    def add_adapter(self, adapter: Backend, base: Backend) -> None:
+        """A LoRA adapter's backend: found by its name, listed by `adapters()`, never started or stopped
+        itself (iteration yields the bases, which own the engines)."""
+        if adapter.model_id in self._by_name:
+            raise ValueError(f"model id {adapter.model_id!r} is configured twice")
+        self._by_name[adapter.model_id] = adapter
+        self._adapters[adapter.model_id] = adapter
+        base.children.append(adapter)
+
+    def adapters(self) -> Iterator[Backend]:
+        return iter(self._adapters.values())
+
+    def served(self) -> Iterator[Backend]:
+        """Every model a client may name: the bases, then the adapters."""
+        yield from self._backends.values()
+        yield from self._adapters.values()
 
     def get(self, name: str) -> Backend | None:
         return self._by_name.get(name)
