@@ -62,3 +62,58 @@ def llama_server_selection(adapters: tuple[LoraAdapter, ...], model: str) -> lis
 
 def names(adapters: tuple[LoraAdapter, ...]) -> frozenset[str]:
     return frozenset(a.name for a in adapters)
+
+
+DEFAULT_MAX_LORAS = 4
+"""Adapters on the GPU at once (vLLM --max-loras, SGLang --max-loras-per-batch) when the options leave it open:
+each slot reserves max rank x the adapted layers' widths of GPU memory; more adapters wait in CPU memory and
+the engine swaps the least recently used out of a slot."""
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The --max-lora-rank values vLLM accepts."""
+
+
+def peft_rank(path: str) -> int | None:
+    """A PEFT adapter's rank (`r` in its adapter_config.json), or None (a file, or no config)."""
+    import json
+    from pathlib import Path
+
+    config = Path(path) / "adapter_config.json"
+    try:
+        rank = json.loads(config.read_text()).get("r")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(rank) if isinstance(rank, int) and rank > 0 else None
+
+
+def _slots_and_rank(adapters: tuple[LoraAdapter, ...], options: Mapping[str, Any]) -> tuple[int, int]:
+    slots = int(options.get("max_loras") or min(len(names(adapters)), DEFAULT_MAX_LORAS))
+    ranks = [r for r in (peft_rank(a.path) for a in adapters) if r is not None]
+    wanted = int(options.get("max_lora_rank") or max(ranks, default=16))
+    return slots, next((r for r in VLLM_RANKS if r >= wanted), wanted)
+
+
+def _unscaled(adapters: tuple[LoraAdapter, ...], engine: str) -> None:
+    scaled = [a.name for a in adapters if a.scale != 1.0]
+    if scaled:
+        raise ValueError(f"adapters {', '.join(scaled)}: {engine} applies an adapter at its trained alpha, with no "
+                         "per-request scale (scale is llama.cpp's); leave scale at 1")
+
+
+def vllm_args(adapters: tuple[LoraAdapter, ...], options: Mapping[str, Any]) -> list[str]:
+    """vLLM's LoRA flags: every adapter registered by name; `max_loras` GPU slots, all of them in its CPU cache."""
+    if not adapters:
+        return []
+    _unscaled(adapters, "vLLM")
+    slots, rank = _slots_and_rank(adapters, options)
+    return ["--enable-lora", "--lora-modules", *(f"{a.name}={a.path}" for a in adapters), "--max-loras", str(slots),
+            "--max-lora-rank", str(rank), "--max-cpu-loras", str(max(slots, len(adapters)))]
+
+
+def sglang_args(adapters: tuple[LoraAdapter, ...], options: Mapping[str, Any]) -> list[str]:
+    """SGLang's LoRA flags: every adapter registered by name, `max_loras` of them per batch (LRU eviction)."""
+    if not adapters:
+        return []
+    _unscaled(adapters, "SGLang")
+    slots, rank = _slots_and_rank(adapters, options)
+    return ["--enable-lora", "--lora-paths", *(f"{a.name}={a.path}" for a in adapters), "--max-loras-per-batch",
+            str(slots), "--max-lora-rank", str(rank), "--lora-eviction-policy", "lru"]

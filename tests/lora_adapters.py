@@ -40,3 +40,27 @@ def make_lora(base: Path, out: Path, seed: int, rank: int = 4, alpha: float = 4.
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def make_peft_lora(out: Path, layers: int, hidden: int, q_out: int, v_out: int, seed: int, rank: int = 4,
+                   std: float = 0.5) -> Path:
+    """A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) over a llama's q_proj and
+    v_proj, as vLLM and SGLang load them: `lora_A` is [rank, in], `lora_B` is [out, rank]."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for i in range(layers):
+        for name, width in (("q_proj", q_out), ("v_proj", v_out)):
+            stem = f"base_model.model.model.layers.{i}.self_attn.{name}"
+            tensors[f"{stem}.lora_A.weight"] = rng.normal(0, std, (rank, hidden)).astype(np.float32)
+            tensors[f"{stem}.lora_B.weight"] = rng.normal(0, std, (width, rank)).astype(np.float32)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    (out / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank, "lora_dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj"], "bias": "none", "base_model_name_or_path": "tiny",
+        "fan_in_fan_out": False, "modules_to_save": None}))
+    return out

@@ -76,3 +76,42 @@ def test_the_plan_charges_the_adapters_bytes_where_the_weights_are(tmp_path: Pat
 def test_the_in_process_engine_is_replaced_by_llama_server_for_adapters() -> None:
     assert engine_for_adapters("llamacpp") == "llama_server"
     assert engine_for_adapters("vllm") is None and engine_for_adapters("llama_server") is None
+
+
+def test_vllm_registers_every_adapter_by_name_within_its_gpu_slots(tmp_path: Path) -> None:
+    from adapters.lora import sglang_args, vllm_args  # noqa: PLC0415
+
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text('{"r": 12}')
+    many = tuple(LoraAdapter(f"t{i}", str(peft)) for i in range(10))  # ten fine-tunes on one base
+    argv = vllm_args(many, {})
+    assert argv[:2] == ["--enable-lora", "--lora-modules"] and f"t9={peft}" in argv
+    # 4 GPU slots (vLLM evicts the least recently used), every adapter in its CPU cache, rank 12 -> 16
+    assert argv[-6:] == ["--max-loras", "4", "--max-lora-rank", "16", "--max-cpu-loras", "10"]
+    assert vllm_args(many, {"max_loras": 2, "max_lora_rank": 64})[-6:] == [
+        "--max-loras", "2", "--max-lora-rank", "64", "--max-cpu-loras", "10"]  # the user's options win
+    assert sglang_args(many[:2], {})[-6:] == ["--max-loras-per-batch", "2", "--max-lora-rank", "16",
+                                               "--lora-eviction-policy", "lru"]
+    with pytest.raises(ValueError, match="no per-request scale"):
+        vllm_args((LoraAdapter("half", str(peft), 0.5),), {})
+
+
+def test_server_engines_select_the_adapter_their_own_way() -> None:
+    from adapters import registry  # noqa: PLC0415
+    from adapters.base import RequestContext  # noqa: PLC0415
+    from adapters.config import EngineConfig  # noqa: PLC0415
+
+    options = {"lora_adapters": [{"name": "tone-a", "path": "/w/a"}]}
+    body = {"model": "tone-a", "messages": []}
+
+    def make(engine: str):  # type: ignore[no-untyped-def]
+        return registry.spec(engine).create(EngineConfig(source="/w/base", name="base", options=options))
+
+    ctx = RequestContext(request_id="r", model="tone-a")
+    assert make("vllm").select_lora({**body, "model": "alias"}, ctx)["model"] == "tone-a"
+    assert make("sglang").select_lora(body, ctx) == {"model": "base", "messages": [], "lora_path": "tone-a"}
+    assert make("llama_server").select_lora(body, ctx)["lora"] == [{"id": 0, "scale": 1.0}]
+    base = RequestContext(request_id="r", model="base")
+    assert make("vllm").select_lora({"model": "base"}, base) == {"model": "base"}
+    assert make("llama_server").select_lora({"model": "base"}, base)["lora"] == [{"id": 0, "scale": 0.0}]
