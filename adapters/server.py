@@ -187,6 +187,10 @@ class ServerAdapter(Adapter):
             await process.wait_changed(left)
         return await self.relay.forward(await self._upstream(process), path, body, ctx)
 
+    def loaded_loras(self) -> frozenset[str]:
+        """The adapters loaded now: every configured one while the engine is ready (all load at start)."""
+        return names(self.loras) if self.process.state is ProcessState.READY else frozenset()
+
     def select_lora(self, body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         """A request for one of the LoRA adapters names it as its `model` (vLLM's, SGLang's way)."""
         if ctx.model in names(self.loras) and body.get("model") != ctx.model:

@@ -15,6 +15,7 @@ from gateway.planning import Plan
 from gateway.cache_routing.cost import Place, estimate
 from gateway.cache_routing.precise import PreciseCache
 from gateway.cache_routing.tracker import Placement, ReplicaCache
+from gateway.lora import routing as lora_routing
 from gateway.routing import capacity
 from gateway.routing.admission import Admission
 from gateway.routing.balancer import Balancer, Candidate
@@ -214,6 +215,12 @@ class Backend:
                             (e.wait_seconds, e.prefill_seconds, e.eviction_seconds))) for p, e in
                            ((p, estimate(p)) for p in places)])
             replica, reason = pool[choice.index], choice.reason
+            if self.parent is not None and len(pool) > 1:  # a LoRA adapter: where it is loaded (gateway/lora/routing.py)
+                index, why = lora_routing.choose([lora_routing.AdapterPlace(
+                    c.outstanding, r.admission.concurrency, self.model_id in loaded_loras(r.adapter), c.available)
+                    for r, c in zip(pool, candidates, strict=True)], choice.index)
+                if why is not None:
+                    replica, reason = pool[index], why
             if replica.admission.full:
                 replica = self._roomier(pool, replica)
                 if replica is not pool[choice.index] and reason in ("affinity", "cache_hit"):
@@ -281,6 +288,12 @@ class Backend:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+
+
+def loaded_loras(adapter: Adapter) -> frozenset[str]:
+    """The LoRA adapters this engine instance has loaded now (its own report; none where it reports none)."""
+    report = getattr(adapter, "loaded_loras", None)
+    return report() if callable(report) else frozenset()
 
 
 def precise_view(adapter: Adapter) -> PreciseCache | None:

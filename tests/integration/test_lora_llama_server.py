@@ -129,3 +129,38 @@ def test_usage_is_recorded_per_adapter_name(served: RunningGateway) -> None:
             break
         time.sleep(0.5)
     assert wanted <= found, rows
+
+
+@pytest.fixture(scope="module")
+def two_replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    tmp = tmp_path_factory.mktemp("lora-replicas")
+    a, b = (make_lora(embedded_model_path(), tmp / f"{n}.gguf", seed) for n, seed in (("a", 1), ("b", 2)))
+    config = {"models": [{"source": str(embedded_model_path()), "name": "smollm", "engine": "llama_server",
+                          "embeddings": False, "replicas": 2,
+                          "options": {"threads": 1, "parallel": 1, "context_length": 1024, "log_dir": str(tmp)},
+                          "adapters": [{"name": "tone-a", "path": str(a)}, {"name": "tone-b", "path": str(b)}]}]}
+    with gateway(config_yaml=json.dumps(config)) as gw:
+        yield gw
+
+
+def test_adapters_on_two_replicas_answer_alike_from_either(two_replicas: RunningGateway) -> None:
+    engines = [p for p in psutil.Process(two_replicas.process.pid).children(recursive=True)
+               if "llama-server" in p.name()]
+    assert len(engines) == 2 and all("--lora" in p.cmdline() for p in engines)
+    order = ["tone-a", "tone-b", "smollm"] * 2
+    with ThreadPoolExecutor(len(order)) as pool:
+        first = list(pool.map(lambda m: answer(two_replicas, m), order))
+    # each replica runs one slot, so every answer is a lone request's: exact, whichever replica served it
+    assert first[:3] == first[3:] and len(set(first[:3])) == 3, first
+    text = httpx.get(two_replicas.url + "/metrics", timeout=10).text
+    replicas = {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
+                if line.startswith("enginegate_routing_decisions_total{") and 'model="tone-' in line}
+    assert replicas == {"0", "1"}, text  # the adapters' requests spread over both replicas
+    deadline = time.monotonic() + 30  # the endpoint picker's gauges follow the gateway's poll
+    while True:
+        info = next((line for line in text.splitlines() if line.startswith("vllm:lora_requests_info{")), "")
+        if "tone-b" in info or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+        text = httpx.get(two_replicas.url + "/metrics", timeout=10).text
+    assert "tone-a" in info and "tone-b" in info and 'waiting_lora_adapters=""' in info, info
