@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from adapters import forced_tools, llamacpp, tool_prompt
+from adapters import forced_tools, llamacpp, lora, tool_prompt
 from adapters.base import (
     Capabilities,
     ClientRequestError,
@@ -81,6 +81,8 @@ def launch_args(binary: Path, model_path: Path, served: str, options: Mapping[st
             raise EngineError(f"unknown kv_cache_type {kv!r}; one of {', '.join(sorted(KV_CACHE_TYPES))}", 503)
         argv += ["-ctk", kv, "-ctv", kv]
     argv += feature_args(options)
+    if not embeddings:
+        argv += lora.llama_server_args(lora.lora_adapters(options))
     if options.get("split_mode"):
         argv += ["-sm", str(options["split_mode"])]
     if options.get("tensor_split"):
@@ -259,6 +261,12 @@ class LlamaServerAdapter(ServerAdapter):
                 return True
             self._tools_rendered = tool_prompt.renders_tools(without, await prompt(tool_prompt.PROBE_TOOLS))
         return self._tools_rendered
+
+    def select_lora(self, body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+        """Every adapter file with its scale for this request: the asked adapter's, 0 for the others (and
+        for the base), since llama-server applies an adapter left out at its global scale."""
+        selection = lora.llama_server_selection(self.loras, ctx.model)
+        return body if selection is None else {**body, "lora": selection}
 
     async def props(self) -> bytes | None:
         """llama-server's /props (its slot count, context, model), or None while it does not serve."""

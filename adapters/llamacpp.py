@@ -38,6 +38,7 @@ from adapters.base import (
 from adapters.chat_shape import ToolCallDeltas, mend_completion
 from adapters.config import EngineConfig
 from adapters.counters import StatsCounter
+from adapters.llamacpp_kv import BYTES_PER_ELEMENT, QUANTISED, kv_cache_type, llama_kwargs
 from adapters.llamacpp_requests import text_messages, translator
 from adapters.spec import EngineSpec, Layout
 from adapters.thread_stream import ThreadStream
@@ -99,6 +100,7 @@ class LlamaCppAdapter(Adapter):
         self.n_ctx = int(options.get("context_length") or 4096)
         self.n_threads = int(options.get("threads") or os.cpu_count() or 1)
         self.n_gpu_layers = int(options.get("gpu_layers") or 0)
+        self.kv_cache_type = kv_cache_type(options)
         self.chat_format = config.chat_format
         self.llama_kwargs: dict[str, Any] = dict(options.get("llama_kwargs") or {})
         self.split_mode = SPLIT_MODES.get(str(options.get("split_mode") or "layer"), 1)
@@ -140,8 +142,10 @@ class LlamaCppAdapter(Adapter):
             kwargs["tensor_split"] = self.tensor_split
         if embedding:
             kwargs.update(embedding=True, pooling_type=LLAMA_POOLING_TYPE_MEAN)
-        elif self.chat_format:
-            kwargs["chat_format"] = self.chat_format
+        else:
+            kwargs.update(llama_kwargs(self.kv_cache_type))
+            if self.chat_format:
+                kwargs["chat_format"] = self.chat_format
         kwargs.update(self.llama_kwargs)
         return Llama(**kwargs)
 
@@ -174,7 +178,7 @@ class LlamaCppAdapter(Adapter):
         self._llm = self._embedder = None
 
     def memory_bytes(self) -> int | None:
-        """llama.cpp's own figures: its tensors' bytes plus the f16 KV cache its context reserves."""
+        """llama.cpp's own figures: its tensors' bytes plus the KV cache its context reserves (at its KV type)."""
         llm = self._llm
         if llm is None:
             return None
@@ -184,7 +188,7 @@ class LlamaCppAdapter(Adapter):
             model = llm._model.model
             layers, embd = llama_cpp.llama_model_n_layer(model), llama_cpp.llama_model_n_embd(model)
             heads, kv_heads = llama_cpp.llama_model_n_head(model), llama_cpp.llama_model_n_head_kv(model)
-            kv = 2 * layers * self.n_ctx * kv_heads * (embd // max(1, heads)) * 2
+            kv = int(2 * layers * self.n_ctx * kv_heads * (embd // max(1, heads)) * BYTES_PER_ELEMENT[self.kv_cache_type])
             return int(llama_cpp.llama_model_size(model)) + kv
         except (AttributeError, ImportError, TypeError):  # an older llama-cpp-python without these calls
             return None
@@ -200,7 +204,8 @@ class LlamaCppAdapter(Adapter):
         return stats
 
     def describe(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"path": self.path, "context_length": self.n_ctx, "threads": self.n_threads}
+        info: dict[str, Any] = {"path": self.path, "context_length": self.n_ctx, "threads": self.n_threads,
+                                "kv_cache_type": self.kv_cache_type}
         if self._llm is not None:
             info["trained_context_length"] = self._llm._model.n_ctx_train()
             info["embedding_length"] = self._llm.n_embd()
@@ -569,6 +574,8 @@ def layout_options(lay: Layout) -> dict[str, Any]:
                                "gpu_layers": lay.gpu_layers, "parallel": lay.concurrency}
     if lay.gpus > 1:
         options["split_mode"] = "layer"  # llama.cpp splits by layers across GPUs (a pipeline), never tensor parallel
+    if lay.kv_dtype in QUANTISED:
+        options["kv_cache_type"] = lay.kv_dtype  # type_k/type_v with flash attention (adapters/llamacpp_kv.py)
     return options
 
 
@@ -585,4 +592,5 @@ SPEC = EngineSpec(
     install_hint="pip install llama-cpp-python  (or: make setup, which picks safe CPU flags)",
     python_modules=("llama_cpp",),
     layout_options=layout_options,
+    quantized_kv="q8_0",  # type_k/type_v q8_0 with flash attention, where fp16 KV pushes layers off the GPU
 )

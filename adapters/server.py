@@ -30,6 +30,7 @@ from adapters.paths import engine_log_path
 from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState, RestartPolicy
 from adapters.prom import engine_stats
 from adapters.config import EngineConfig
+from adapters.lora import lora_adapters, names
 from adapters.spec import EngineSpec, ServerSpec
 
 ROUTES: Mapping[str, str] = {
@@ -72,6 +73,8 @@ class ServerAdapter(Adapter):
         self.config = config
         self.options = dict(config.options)
         self.served = config.served
+        self.loras = lora_adapters(self.options)
+        """LoRA adapters served as models of their own on this engine (adapters/lora.py)."""
         self.upstream_model = self.server.upstream_model(config) if self.server.upstream_model else None
         self.relay = Relay(self.engine, timeouts_from(self.options))
         self.ready_wait = float(self.options.get("ready_wait", 60.0))
@@ -162,6 +165,8 @@ class ServerAdapter(Adapter):
     async def _forward(self, path: str, body: dict[str, Any], ctx: RequestContext,
                        process: ManagedProcess | None = None) -> Completion | AsyncIterator[StreamEvent]:
         process = process or self.process
+        if process is self.process:  # not an embedder beside it (it loads no adapters)
+            body = self.select_lora(body, ctx)
         upstream = await self._upstream(process)
         try:
             return await self.relay.forward(upstream, path, body, ctx)
@@ -181,6 +186,16 @@ class ServerAdapter(Adapter):
                 break
             await process.wait_changed(left)
         return await self.relay.forward(await self._upstream(process), path, body, ctx)
+
+    def loaded_loras(self) -> frozenset[str]:
+        """The adapters loaded now: every configured one while the engine is ready (all load at start)."""
+        return names(self.loras) if self.process.state is ProcessState.READY else frozenset()
+
+    def select_lora(self, body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+        """A request for one of the LoRA adapters names it as its `model` (vLLM's, SGLang's way)."""
+        if ctx.model in names(self.loras) and body.get("model") != ctx.model:
+            return {**body, "model": ctx.model}
+        return body
 
     @staticmethod
     async def _died(process: ManagedProcess, grace: float = 1.0) -> bool:

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from adapters.base import Capabilities
+from adapters import lora
+from adapters.base import Capabilities, RequestContext
+from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
 from adapters.launch import (
     LaunchConfigError,
@@ -90,12 +92,29 @@ def sglang_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: End
 
 
 def sglang_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
-    return Launch(sglang_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint))
+    argv = sglang_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint)
+    return Launch(argv + lora.sglang_args(adapter.loras, adapter.options))
+
+
+class SglangServer(EngineServer):
+    def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
+        super().__init__(config, spec)
+        if self.config_error is None:
+            try:
+                lora.sglang_args(self.loras, self.options)
+            except ValueError as exc:
+                self.config_error = str(exc)
+
+    def select_lora(self, body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+        """SGLang's own field for the adapter (`lora_path`, by its registered name), under the base's model id."""
+        if ctx.model in lora.names(self.loras):
+            return {**body, "model": self.served, "lora_path": ctx.model}
+        return body
 
 
 SPEC = EngineSpec(
     name="sglang",
-    adapter=EngineServer,
+    adapter=SglangServer,
     capabilities=Capabilities(
         chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True, image_input=True, audio_input=True,
     ),

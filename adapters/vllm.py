@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adapters import lora
 from adapters.base import Capabilities
 from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
@@ -151,6 +152,10 @@ class VllmServer(EngineServer):
                 self.kv_events = check_kv_events(self.options, self.launch_options)
             except LaunchConfigError as exc:
                 self.config_error = str(exc)
+            try:
+                lora.vllm_args(self.loras, self.options)
+            except ValueError as exc:
+                self.config_error = str(exc)
 
     def kv_events_at(self, endpoint: Endpoint) -> KvEvents | None:
         return kv_events_at(self.run_dir("kv"), endpoint.port) if self.kv_events else None
@@ -168,8 +173,9 @@ class VllmServer(EngineServer):
 def vllm_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
     policy = adapter.options.get("scheduling_policy")
     events = adapter.kv_events_at(endpoint) if isinstance(adapter, VllmServer) else None
-    return Launch(vllm_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint,
-                            str(policy) if policy else None, events), vllm_env(endpoint))
+    argv = vllm_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint,
+                     str(policy) if policy else None, events)
+    return Launch(argv + lora.vllm_args(adapter.loras, adapter.options), vllm_env(endpoint))
 
 
 SPEC = EngineSpec(

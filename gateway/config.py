@@ -121,6 +121,27 @@ class BackendConfig(BaseModel):
     """Instances of this backend."""
 
 
+class LoraConfig(BaseModel):
+    """A LoRA adapter over the model, served as a model of its own (docs/lora.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    name: str = Field(pattern=VALID_NAME)
+    """The id clients send as `model` for the adapter; keys' `models` lists and usage name it."""
+    path: str | None = None
+    """The adapter's local file (llama.cpp: a GGUF LoRA adapter) or directory (vLLM, SGLang: a PEFT adapter)."""
+    source: str | None = None
+    """Instead of `path`: `org/repo/file.gguf` on the Hugging Face hub (downloaded at start-up)."""
+    scale: float = Field(default=1.0, ge=0)
+    """How strongly it applies (llama.cpp's per-request scale; 0 serves the base model's output)."""
+
+    @model_validator(mode="after")
+    def _one_place(self) -> LoraConfig:
+        if (self.path is None) == (self.source is None):
+            raise ValueError(f"adapter {self.name!r}: give exactly one of path and source")
+        return self
+
+
 class ModelConfig(BaseModel):
     """One served model: where its weights are and how its engine runs it."""
 
@@ -152,6 +173,18 @@ class ModelConfig(BaseModel):
     """Instances of the model's own engine, each its own process, port and slots (threads split between them)."""
     backends: tuple[BackendConfig, ...] = ()
     """More instances behind the same name: local engines and/or external URLs (`engine: openai`)."""
+    adapters: tuple[LoraConfig, ...] = ()
+    """LoRA adapters over this model, each served under its own name on the model's engine (llama_server,
+    vllm, sglang): `/v1/models` lists each with this model as its `parent` (docs/lora.md)."""
+
+    @field_validator("adapters")
+    @classmethod
+    def _unique_adapters(cls, adapters: tuple[LoraConfig, ...]) -> tuple[LoraConfig, ...]:
+        seen = [a.name for a in adapters]
+        twice = sorted({n for n in seen if seen.count(n) > 1})
+        if twice:
+            raise ValueError(f"adapter names must be unique: {', '.join(twice)} given twice")
+        return adapters
     routing: RoutingConfig = RoutingConfig()
     """How requests choose among the model's replicas and backends."""
     scheduler: SchedulerConfig = SchedulerConfig()

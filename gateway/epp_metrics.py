@@ -21,7 +21,8 @@ selects one (`vllm:num_requests_waiting{model_name="m"}`), so a pool of multi-mo
 `running_lora_adapters` lists the names (ids and aliases) whose engine is ready, `waiting_lora_adapters`
 the configured names whose engine is not, `max_lora` how many names the pod serves. The EPP's
 LoRA-affinity scorer then prefers a pod where the requested name is loaded, then one that has it
-configured, and never one that lacks it. enginegate itself serves no LoRA adapters.
+configured, and never one that lacks it. A model's LoRA adapters (docs/lora.md) are names of their own
+here, ready with their base's engine, which loads every adapter at start.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class EppCollector(Collector):
             yield family
         info = GaugeMetricFamily(
             LORA_INFO, "Reading time; labels: names served ready (running), configured but not ready (waiting), "
-            "and how many the pod serves (max_lora). enginegate serves no LoRA adapters.",
+            "and how many the pod serves (max_lora), LoRA adapters among them.",
             labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
         names = self.names
         info.add_metric([str(len(names.ready) + len(names.not_ready)), ",".join(names.ready), ",".join(names.not_ready)],

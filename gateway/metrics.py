@@ -255,7 +255,8 @@ class GatewayMetrics:
         self.routing_decisions = Counter(
             "enginegate_routing_decisions",
             "Requests sent to each replica, by why the balancer chose it (cache_hit, cache_load, cache_cold, "
-            "least_outstanding, round_robin, affinity, affinity_spill, affinity_failover, probe, no_healthy).",
+            "least_outstanding, round_robin, affinity, affinity_spill, affinity_failover, probe, no_healthy; a LoRA "
+            "adapter: adapter_loaded, adapter_load).",
             ["model", "replica", "reason"],
             registry=r,
         )

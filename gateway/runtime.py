@@ -7,6 +7,7 @@ the app's lifespan. Tests build a Runtime around their own adapters.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from adapters.spec import EngineSpec
 from gateway import hardware, loading, modelsource, planning, tuning
 from gateway.config import ModelConfig, Settings
 from gateway.hardware import HardwareSnapshot
+from gateway.lora import plan as lora_plan
 from gateway.planning import Plan
 from gateway.routing import Admission, Backend, Lifecycles, ModelLifecycle, ModelRegistry, Replica, replicas
 from gateway.routing.budget import gib
@@ -66,12 +68,17 @@ class Runtime:
             resolved = modelsource.resolve(config.source)
             model_id = config.name or resolved.default_id
             plan = _plan(snapshot, Path(resolved.path), config.engine, config.workload)
+            if config.adapters and plan is not None and config.engine == "auto":
+                plan = _plan_for_adapters(snapshot, Path(resolved.path), plan, config)
             user = user_settings(config)
             if plan is not None:
                 plan = planning.apply_user(plan, user, snapshot)
             engine = registry.spec(plan.engine if plan is not None else config.engine)
             build = _replica_builder(config, str(resolved.path), model_id)
             choices = loading.engine_choices(plan, engine, Path(resolved.path), snapshot, config, build)
+            if config.adapters:
+                extra = lora_plan.adapter_bytes([a["path"] for a in lora_options(config)])
+                choices = [dataclasses.replace(c, charges=lora_plan.with_adapters(c.charges, extra)) for c in choices]
             replicas = choices[0].build()
             stem = resolved.path.stem  # a convenience alias, left to the first model served from that file
             aliases = tuple(config.aliases) + ((stem,) if stem != model_id and not models.known(stem) else ())
@@ -94,6 +101,7 @@ class Runtime:
                                           ttl_seconds=config.ttl_seconds))
             if plan is not None:
                 plans[model_id] = plan
+            _add_adapters(models, backend, config)
         errors = lifecycles.config_errors()
         if errors:
             budget = ", ".join(f"{pool} {gib(size)}" for pool, size in lifecycles.capacity.items())
@@ -155,6 +163,46 @@ def _remote_backend(config: ModelConfig, engine: EngineSpec, first: bool) -> Bac
         replicas=replicas,
         routing=config.routing,
     )
+
+
+def _add_adapters(models: ModelRegistry, backend: Backend, config: ModelConfig) -> None:
+    """Each LoRA adapter as a model of its own on the base's engine (sharing its replicas and lifecycle)."""
+    for entry in lora_options(config):
+        child = Backend(model_id=entry["name"], adapter=backend.adapter, admission=backend.admission, plan=backend.plan,
+                        created=backend.created, info={"origin": "adapter", "path": entry["path"]},
+                        replicas=backend.replicas, routing=backend.routing, parent=backend.model_id)
+        child.lifecycle, child.lifecycles = backend.lifecycle, backend.lifecycles
+        try:
+            models.add_adapter(child, backend)
+        except ValueError as exc:
+            raise PlanningError(f"{exc}: every model's and adapter's name must be unique") from exc
+
+
+def _plan_for_adapters(snapshot: HardwareSnapshot, path: Path, plan: Plan, config: ModelConfig) -> Plan:
+    """A plan whose engine cannot select an adapter per request is made again for one that can."""
+    engine = lora_plan.engine_for_adapters(plan.engine)
+    if engine is None:
+        return plan
+    again = _plan(snapshot, path, engine, config.workload)
+    if again is None or again.engine != engine:
+        return plan
+    why = (f"{len(config.adapters)} LoRA adapter(s): served by {engine}, which selects one per request "
+           f"(the plan's {plan.engine} loads one adapter per context)")
+    return again.model_copy(update={"reasons": (*again.reasons, why)})
+
+
+def lora_options(config: ModelConfig) -> list[dict[str, Any]]:
+    """`options.lora_adapters` for the engine: each adapter's name, resolved file and scale."""
+    out = []
+    for a in config.adapters:
+        try:
+            path = modelsource.resolve(a.source).path if a.source is not None else Path(str(a.path)).expanduser()
+        except modelsource.ModelSourceError as exc:
+            raise PlanningError(f"adapter {a.name!r}: {exc}") from exc
+        if not path.exists():
+            raise PlanningError(f"adapter {a.name!r}: {path} does not exist")
+        out.append({"name": a.name, "path": str(path.resolve()), "scale": a.scale})
+    return out
 
 
 def _load_line(lc: ModelLifecycle) -> str:
@@ -252,6 +300,8 @@ def engine_config(config: ModelConfig, engine: EngineSpec, planned: Mapping[str,
                   source: str | None = None, name: str | None = None) -> EngineConfig:
     """The adapter's own config: engine defaults < the plan's options < the user's explicit settings."""
     options = resolve_options(engine.defaults, planned, user_settings(config)).options
+    if config.adapters:
+        options = {**options, "lora_adapters": lora_options(config)}
     return EngineConfig(source=source or config.source, name=name if name is not None else (config.name or ""),
                         options=options, embeddings=config.embeddings, chat_format=config.chat_format)
 

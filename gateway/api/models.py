@@ -29,6 +29,9 @@ def model_card(backend: Backend, operator: bool = True) -> dict[str, Any]:
         "meta": backend.adapter.describe(),
         **({"status": _status(backend)} if backend.lifecycle is not None else {}),
     }
+    if backend.parent is not None:  # a LoRA adapter, named as vLLM lists them: its base is `parent`
+        card["parent"] = backend.parent
+        card["root"] = backend.info.get("path") if operator else backend.model_id
     if operator:
         return card
     card["meta"] = hide_in({k: v for k, v in card["meta"].items() if k in TENANT_META})
@@ -54,7 +57,7 @@ def _status(backend: Backend) -> dict[str, Any]:
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     operator = _operator(request)
-    return {"object": "list", "data": [model_card(b, operator) for b in runtime(request).models
+    return {"object": "list", "data": [model_card(b, operator) for b in runtime(request).models.served()
                                        if may_use(request.scope, b.model_id, b.aliases)]}
 
 

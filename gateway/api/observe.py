@@ -85,7 +85,9 @@ async def refresh(m: GatewayMetrics, rt: Runtime, epp: bool = True) -> dict[str,
         _refresh_replicas(m, backend)
         if epp:
             loads[backend.model_id] = model_load([_replica_load(r, s) for r, s in zip(replicas, per_replica)])
-            (names_ready if health.ready else names_not_ready).extend((backend.model_id, *backend.aliases))
+            # a LoRA adapter is loaded where its base's engine is ready (its engine loads every adapter at start)
+            (names_ready if health.ready else names_not_ready).extend(
+                (backend.model_id, *backend.aliases, *(child.model_id for child in backend.children)))
     if epp:
         m.epp.update(loads, ServedNames(tuple(names_ready), tuple(names_not_ready)))
     return ready

@@ -162,7 +162,8 @@ MAX_LISTED_MODELS = 20
 def model_not_found(request: Request, name: str) -> APIError:
     """404 naming (at most 64 characters of) the unknown model and the models served here."""
     shown = echoed(name)
-    served = [b.model_id for b in runtime(request).models if tenancy.may_use(request.scope, b.model_id, b.aliases)]
+    served = [b.model_id for b in runtime(request).models.served()
+              if tenancy.may_use(request.scope, b.model_id, b.aliases)]
     listed = ", ".join(served[:MAX_LISTED_MODELS]) + (", ..." if len(served) > MAX_LISTED_MODELS else "")
     return APIError(404, f"The model `{shown}` does not exist; served here: {listed or 'none'}",
                     param="model", code="model_not_found")
@@ -173,6 +174,10 @@ def resolve_backend(request: Request, model: str, operation: Operation) -> Backe
     if backend is None or not tenancy.may_use(request.scope, backend.model_id, backend.aliases):
         raise model_not_found(request, model)  # a model outside the key's list does not exist for it
     set_model_label(request.scope, backend.model_id)
+    if backend.parent is not None and backend.model_id not in {a.name for a in getattr(backend.adapter, "loras", ())}:
+        raise APIError(400, f"model `{backend.model_id}` is a LoRA adapter of `{backend.parent}`, whose engine "
+                            f"({backend.engine}) cannot select an adapter per request (docs/lora.md)",
+                       param="model", code="unsupported_parameter")
     if not backend.adapter.capabilities.supports(operation):
         raise APIError(
             400,

@@ -129,14 +129,17 @@ def prefix_cache(engine: str, w: Workload) -> tuple[FeatureDecision, Features]:
 
 
 def prompt_cache(engine: str, w: Workload, cap: Capacity | None, ram_free: int | None) -> tuple[FeatureDecision, Features] | None:
-    """llama-server's host-RAM prompt cache (--cache-ram), sized from the RAM the plan leaves free."""
+    """llama-server's host-RAM prompt cache (--cache-ram), sized from the RAM the plan leaves free.
+
+    Kept where evicted prompts recur: conversations (the next turn resends the conversation so far) or
+    shared prefixes; off only for one-shot requests without shared prefixes."""
     if engine != "llama_server":
         return None
-    if not w.shared_prefix:
+    if w.requests == "one_shot" and not w.shared_prefix:
         return FeatureDecision(
             feature="prompt_cache", choice="off",
-            reason="no shared prefixes: evicted prompts would not recur, so the cache would hold RAM for nothing "
-                   "(--cache-ram 0 instead of llama-server's 8 GiB default)",
+            reason="one-shot requests without shared prefixes: evicted prompts would not recur, so the cache would "
+                   "hold RAM for nothing (--cache-ram 0 instead of llama-server's 8 GiB default)",
         ), Features(prompt_cache_bytes=0)
     if ram_free is None:
         size = PROMPT_CACHE_MAX_BYTES // 8
@@ -144,9 +147,13 @@ def prompt_cache(engine: str, w: Workload, cap: Capacity | None, ram_free: int |
     else:
         size = int(min(PROMPT_CACHE_MAX_BYTES, max(0, ram_free) * PROMPT_CACHE_SHARE)) // 2**20 * 2**20
         why = f"{PROMPT_CACHE_SHARE:.0%} of the {ram_free / 2**30:.1f} GiB of RAM the plan leaves free, at most 8 GiB"
+    recurs = ("shared prefixes: prompts evicted from a slot are restored from host RAM instead of recomputed"
+              if w.shared_prefix else
+              "conversations: each turn resends the conversation so far, so one evicted from its slot recurs at its "
+              "next turn and is restored from host RAM instead of recomputed (set requests: one_shot for "
+              "independent requests)")
     return FeatureDecision(
-        feature="prompt_cache", choice=f"{size // 2**20} MiB",
-        reason=f"shared prefixes: prompts evicted from a slot are restored from host RAM instead of recomputed; {why}",
+        feature="prompt_cache", choice=f"{size // 2**20} MiB", reason=f"{recurs}; {why}",
     ), Features(prompt_cache_bytes=size)
 
 

@@ -27,7 +27,7 @@ def kv_limit(p: Plan, w: Workload) -> str | None:
     if cap.fit == "none":
         return f"fp16 KV does not fit ({gb(cap.required_bytes)} needed, {gb(cap.usable_bytes)} usable)"
     if cap.fit == "system" and p.profile is not None and p.profile.accelerator != "none":
-        return "at fp16 the KV pushes the model out of GPU memory into system RAM"
+        return "at fp16 the model and its KV overflow GPU memory (layers left in system RAM)"
     if cap.context_length < typical:
         return f"fp16 KV lowers the context to {cap.context_length} tokens, below the {typical} a request needs"
     if cap.concurrency_at_typical < w.concurrency:
@@ -40,10 +40,32 @@ def fp8_supported(compute_capability: float | None) -> bool:
 
 
 def better(small: Capacity, full: Capacity) -> bool:
-    """The quantised plan fits faster memory, more sequences at once, or more context than the fp16 one."""
+    """The quantised plan fits faster memory, more sequences at once, or more context than the fp16 one.
+
+    Both partly in system RAM (a partial offload whose weights alone overflow the GPU): only more context
+    counts, since the few layers the smaller KV brings onto the GPU leave decode bound by the ones in RAM."""
     rank = {"none": 0, "system": 1, "fast": 2}
+    if small.fit == full.fit == "system":
+        return small.context_length > full.context_length
     return (rank[small.fit], small.concurrency_at_typical, small.context_length) > (
         rank[full.fit], full.concurrency_at_typical, full.context_length)
+
+
+def bought(dtype: str, full: Plan, small: Plan) -> str:
+    """What the quantised plan buys against the fp16 one: the layers it brings onto the GPU (a partial
+    offload engine such as llama.cpp), then the context and the sequences at once."""
+    a, b = full.capacity, small.capacity
+    assert a is not None and b is not None
+    held = (f"{dtype} KV holds {b.context_length} tokens of context (fp16: {a.context_length}) and "
+            f"{b.concurrency_at_typical} sequences of {b.sequence_tokens} tokens at once (fp16: {a.concurrency_at_typical})")
+    if a.fit == "system" and b.fit == "fast":
+        on_gpu = full.options.get("gpu_layers")
+        layers = full.spec.layers if full.spec is not None else None
+        fp16 = (f"{on_gpu} of {layers} layers on the GPU, the rest decoding from system RAM"
+                if isinstance(on_gpu, int) and on_gpu >= 0 and layers else "part of the model in system RAM")
+        where = f"{dtype} KV puts every layer on the GPU (fp16: {fp16})"
+        return where if b.context_length == a.context_length else f"{where}; {held}"
+    return held
 
 
 Q8_KV_ON_CPU = "measured on a CPU (docs/engine-features.md): 47% less KV memory, prefill 0.5x, decode 1.1x"

@@ -24,7 +24,7 @@ from gateway.planning.features import FeatureDecision
 from gateway.planning.formats import format_advice
 from gateway.planning.gpu_count import choose_gpus
 from gateway.planning.installed import Installed, is_installed
-from gateway.planning.kv_type import better, fp8_supported, kv_cost, kv_limit
+from gateway.planning.kv_type import better, bought, fp8_supported, kv_cost, kv_limit
 from gateway.planning.measured import Calibration, Measured
 from gateway.planning.options import Layout, engine_options
 from gateway.planning.overrides import OptionOverride
@@ -568,11 +568,8 @@ def plan(
         return _with_kv(full, FeatureDecision(feature="kv_cache", choice="fp16",
                                               reason=f"{limit}; {quantized} KV would not help this plan "
                                                      "(or would change the engine): kept fp16"))
-    a, b = full.capacity, small.capacity
-    bought = (f"{quantized} KV holds {b.context_length} tokens of context (fp16: {a.context_length}) and "
-              f"{b.concurrency_at_typical} sequences of {b.sequence_tokens} tokens at once (fp16: {a.concurrency_at_typical})")
     return _with_kv(small, FeatureDecision(feature="kv_cache", choice=quantized,
-                                           reason=f"{limit}: {bought}; {kv_cost(quantized, small)}"))
+                                           reason=f"{limit}: {bought(quantized, full, small)}; {kv_cost(quantized, small)}"))
 
 
 def _quantized_or_raise(snapshot: HardwareSnapshot, spec: ModelSpec, w: Workload, requested_engine: str,

@@ -15,6 +15,7 @@ Objective = Literal["latency", "throughput", "cost", "privacy", "portability", "
 Heavy = Literal["prefill", "decode", "balanced"]
 Interconnect = Literal["none", "pcie", "nvlink", "nvswitch", "xgmi", "unified"]
 Accelerator = Literal["none", "nvidia", "amd", "apple"]
+Requests = Literal["conversations", "one_shot"]
 
 
 class Workload(BaseModel):
@@ -31,6 +32,10 @@ class Workload(BaseModel):
     """Requests in flight at once."""
     shared_prefix: bool = False
     """Requests share long prefixes (system prompts, RAG documents, agents): prefix caching pays."""
+    requests: Requests = "conversations"
+    """conversations (chat: each turn resends the conversation so far, so an evicted conversation recurs at
+    its next turn and llama-server's host-RAM prompt cache pays) or one_shot (independent requests: without
+    shared prefixes an evicted prompt never recurs, so that cache is turned off)."""
     mode: Mode = "local"
     """local (one user or team), production (a shared server) or fleet (many nodes)."""
     objective: Objective = "latency"

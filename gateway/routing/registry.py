@@ -15,6 +15,7 @@ from gateway.planning import Plan
 from gateway.cache_routing.cost import Place, estimate
 from gateway.cache_routing.precise import PreciseCache
 from gateway.cache_routing.tracker import Placement, ReplicaCache
+from gateway.lora import routing as lora_routing
 from gateway.routing import capacity
 from gateway.routing.admission import Admission
 from gateway.routing.balancer import Balancer, Candidate
@@ -48,6 +49,11 @@ class Backend:
     lifecycle: ModelLifecycle | None = None
     lifecycles: Lifecycles | None = None
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    parent: str | None = None
+    """For a LoRA adapter served as a model of its own: the base model's id. Such a backend shares the base's
+    replicas, admission and lifecycle (one engine serves both); its own name keys access, usage and metrics."""
+    children: list[Backend] = field(default_factory=list)
+    """The base's adapters' backends, which follow it to a fallback engine (`use`)."""
     balancer: Balancer = field(init=False)
     monitor: HealthMonitor | None = field(default=None, init=False)
 
@@ -177,6 +183,8 @@ class Backend:
         self.replicas = choice.build()
         self.adapter, self.admission = self.replicas[0].adapter, self.replicas[0].admission
         self.plan = choice.plan
+        for child in self.children:
+            child.replicas, child.adapter, child.admission, child.plan = self.replicas, self.adapter, self.admission, self.plan
 
     async def _lease(self, route: RouteKey | None, exclude: Collection[Replica], demand: Demand | None) -> Lease:
         """The replica's choice and its admission (see acquire)."""
@@ -207,6 +215,12 @@ class Backend:
                             (e.wait_seconds, e.prefill_seconds, e.eviction_seconds))) for p, e in
                            ((p, estimate(p)) for p in places)])
             replica, reason = pool[choice.index], choice.reason
+            if self.parent is not None and len(pool) > 1:  # a LoRA adapter: where it is loaded (gateway/lora/routing.py)
+                index, why = lora_routing.choose([lora_routing.AdapterPlace(
+                    c.outstanding, r.admission.concurrency, self.model_id in loaded_loras(r.adapter), c.available)
+                    for r, c in zip(pool, candidates, strict=True)], choice.index)
+                if why is not None:
+                    replica, reason = pool[index], why
             if replica.admission.full:
                 replica = self._roomier(pool, replica)
                 if replica is not pool[choice.index] and reason in ("affinity", "cache_hit"):
@@ -276,6 +290,12 @@ class Backend:
                 raise result
 
 
+def loaded_loras(adapter: Adapter) -> frozenset[str]:
+    """The LoRA adapters this engine instance has loaded now (its own report; none where it reports none)."""
+    report = getattr(adapter, "loaded_loras", None)
+    return report() if callable(report) else frozenset()
+
+
 def precise_view(adapter: Adapter) -> PreciseCache | None:
     """The engine's own record of its KV blocks, where it publishes one (vLLM with `kv_events: true`).
     Imported only then: the plain gateway does not need pyzmq."""
@@ -291,6 +311,7 @@ class ModelRegistry:
     def __init__(self) -> None:
         self._backends: dict[str, Backend] = {}
         self._by_name: dict[str, Backend] = {}
+        self._adapters: dict[str, Backend] = {}
 
     def add(self, backend: Backend) -> None:
         for name in (backend.model_id, *backend.aliases):
@@ -298,6 +319,23 @@ class ModelRegistry:
                 raise ValueError(f"model id {name!r} is configured twice")
             self._by_name[name] = backend
         self._backends[backend.model_id] = backend
+
+    def add_adapter(self, adapter: Backend, base: Backend) -> None:
+        """A LoRA adapter's backend: found by its name, listed by `adapters()`, never started or stopped
+        itself (iteration yields the bases, which own the engines)."""
+        if adapter.model_id in self._by_name:
+            raise ValueError(f"model id {adapter.model_id!r} is configured twice")
+        self._by_name[adapter.model_id] = adapter
+        self._adapters[adapter.model_id] = adapter
+        base.children.append(adapter)
+
+    def adapters(self) -> Iterator[Backend]:
+        return iter(self._adapters.values())
+
+    def served(self) -> Iterator[Backend]:
+        """Every model a client may name: the bases, then the adapters."""
+        yield from self._backends.values()
+        yield from self._adapters.values()
 
     def get(self, name: str) -> Backend | None:
         return self._by_name.get(name)

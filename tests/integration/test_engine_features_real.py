@@ -25,7 +25,8 @@ pytestmark = pytest.mark.integration
 if find_llama_server(None) is None:
     pytest.skip("needs llama-server (enginegate engines install llama-server)", allow_module_level=True)
 
-EDIT = {"prompt_tokens": 80, "output_tokens": 80, "output_copies_prompt": True, "context_length": 1024}
+EDIT = {"prompt_tokens": 80, "output_tokens": 80, "output_copies_prompt": True, "context_length": 1024,
+        "requests": "one_shot"}
 CONFIG = """\
 models:
   - source: {weights}
@@ -61,7 +62,7 @@ def test_planned_speculation_reaches_the_engines_command_line(served: RunningGat
     assert len(engines) == 1, engines
     argv = engines[0].cmdline()
     assert argv[argv.index("--spec-type") + 1] == "ngram-simple"
-    assert argv[argv.index("--cache-ram") + 1] == "0"  # no shared prefixes: no host-RAM prompt cache
+    assert argv[argv.index("--cache-ram") + 1] == "0"  # one-shot edits, no shared prefixes: no host-RAM prompt cache
     plan = httpx.get(served.url + "/v1/gateway/plan", timeout=10).json()["plans"]["smollm"]
     speculation = next(f for f in plan["features"] if f["feature"] == "speculation")
     assert speculation["choice"] == "ngram" and "copy the prompt" in speculation["reason"]

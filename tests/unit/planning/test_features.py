@@ -88,8 +88,16 @@ ROWS = [
     Row("Pi 5, shared prefixes: the prompt cache sized from the RAM left (not 8 GiB)", "raspberry-pi-5", "smollm2",
         {"shared_prefix": True, "concurrency": 2}, "llama_server", "prompt_cache", "1787 MiB",
         "25% of the 7.0 GiB of RAM the plan leaves free", {"cache_ram_mib": 1787, "cache_reuse": 256}),
-    Row("cpu, no shared prefixes: no prompt cache", "build-machine", "smollm2", {"concurrency": 2},
-        "llama_server", "prompt_cache", "off", "would not recur", {"cache_ram_mib": 0, "cache_reuse": None}),
+    Row("cpu, one-shot requests, no shared prefixes: no prompt cache", "build-machine", "smollm2",
+        {"concurrency": 2, "requests": "one_shot"}, "llama_server", "prompt_cache", "off",
+        "one-shot requests without shared prefixes: evicted prompts would not recur",
+        {"cache_ram_mib": 0, "cache_reuse": None}),
+    Row("cpu, one-shot requests with shared prefixes: the prompt cache kept", "build-machine", "smollm2",
+        {"concurrency": 2, "requests": "one_shot", "shared_prefix": True}, "llama_server", "prompt_cache", "5735 MiB",
+        "shared prefixes: prompts evicted", {"cache_ram_mib": 5735, "cache_reuse": 256}),
+    Row("Pi 5, conversations (the default): the prompt cache kept and sized", "raspberry-pi-5", "smollm2",
+        {"concurrency": 2}, "llama_server", "prompt_cache", "1787 MiB",
+        "conversations: each turn resends the conversation so far", {"cache_ram_mib": 1787, "cache_reuse": None}),
     # chunked prefill and batch sizes
     Row("H100, long prompts mixed with decode, latency: 2048-token chunks", "hgx-8x-h100", "llama-3-70b",
         {"prompt_tokens": 6000, "output_tokens": 300, "concurrency": 16, "mode": "production"},
@@ -115,6 +123,11 @@ ROWS = [
         {"prompt_tokens": 6000, "output_tokens": 2000, "concurrency": 64, "context_length": 8192, "mode": "production"},
         "llama_server", "kv_cache", "q8_0", "KV bytes and fits; measured on a CPU (docs/engine-features.md): 47% less KV "
         "memory, prefill 0.5x", {"kv_cache_type": "q8_0"}),
+    Row("RTX 3060, an 8B GGUF at a 64k context in-process: q8_0 KV keeps every layer on the GPU", "rtx-3060",
+        "llama-3-8b", {"context_length": 65536}, "llamacpp", "kv_cache", "q8_0",
+        "at fp16 the model and its KV overflow GPU memory (layers left in system RAM): q8_0 KV puts every layer on the GPU "
+        "(fp16: 19 of 32 layers on the GPU", {"kv_cache_type": "q8_0", "gpu_layers": -1, "context_length": 65536},
+        GGUF_8B),
     Row("cpu, the KV fits: fp16", "build-machine", "smollm2", {"concurrency": 2}, "llama_server", "kv_cache", "fp16",
         "fp16 KV holds the context", {"kv_cache_type": "f16"}),
     Row("the workload's own KV type wins", "raspberry-pi-5", "smollm2", {"kv_dtype": "q4_0", "concurrency": 2},
@@ -131,6 +144,23 @@ def test_feature_decision(row: Row) -> None:
     assert choice == row.choice and row.reason in reason, (choice, reason)
     for key, value in row.options.items():
         assert p.options.get(key) == value, (key, p.options.get(key))
+
+
+def test_fp16_kv_in_process_would_leave_layers_in_system_ram() -> None:
+    # the same host and model as the q8_0 row, with fp16 KV fixed by the workload: a partial offload
+    spec = model("llama-3-8b").model_copy(update=GGUF_8B)
+    p = plan(snapshot("rtx-3060"), spec, Workload(context_length=65536, kv_dtype="fp16"), installed=ALL)
+    assert p.engine == "llamacpp" and p.options["gpu_layers"] == 19 and "kv_cache_type" not in p.options
+    assert any("the plan chose 'q8_0'" in r for r in p.reasons)
+
+
+def test_a_production_chat_service_keeps_llama_servers_prompt_cache() -> None:
+    # issue 36: `mode: production, concurrency: 4` and nothing else is a multi-turn chat service
+    p = plan(snapshot("build-machine"), model("smollm2"), Workload(mode="production", concurrency=4), installed=ALL)
+    assert p.engine == "llama_server"
+    choice, reason = decision(p, "prompt_cache")
+    assert p.options["cache_ram_mib"] > 0 and choice == f"{p.options['cache_ram_mib']} MiB"
+    assert "conversations" in reason and "recurs at its next turn" in reason
 
 
 def test_every_plan_explains_every_feature_for_its_engine() -> None:

@@ -258,9 +258,10 @@ def test_llama_server_is_planned_as_llamacpp_and_served_by_its_own_adapter() -> 
     # the in-process engine's options, plus what only llama-server reads: its KV cache type, and
     # one KV cache shared by the slots (--kv-unified)
     # one KV cache shared by the slots (--kv-unified), and its own speed-ups (off for this workload: free generation,
-    # no shared prefixes, so no speculation and no host-RAM prompt cache)
+    # so no speculation; conversations, the default, so llama-server's host-RAM prompt cache kept and sized)
     assert served.options == {**in_process.options, "kv_cache_type": "f16", "extra_args": ["--kv-unified"],
-                              "spec_type": "none", "cache_ram_mib": 0}
+                              "spec_type": "none", "cache_ram_mib": served.options["cache_ram_mib"]}
+    assert served.options["cache_ram_mib"] > 0
     assert any("runs as llama-server" in r for r in served.reasons)
 
 
