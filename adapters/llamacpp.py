@@ -433,6 +433,55 @@ class LlamaCppAdapter(Adapter):
                                          param="input", code="context_length_exceeded")
         return self._embedder.create_embedding(inputs)
 
+    # -- the tokenizer (vLLM's routes; llama.cpp's vocabulary is read-only, so no worker thread) ------
+
+    def _template(self) -> str | None:
+        return (self._llm.metadata or {}).get("tokenizer.chat_template") if self._llm is not None else None
+
+    def _token_text(self, token: int) -> str | None:
+        return None if token < 0 else self._llm._model.token_get_text(token)
+
+    async def tokenize(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        self._require_loaded()
+        llm = self._llm
+        messages = body.get("messages")
+        if messages is not None:
+            template = self._template()
+            if not template:
+                raise UnsupportedError(f"model {ctx.model} has no chat template to render messages with", "messages")
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            eos, bos = llm.token_eos(), llm.token_bos()
+            formatter = Jinja2ChatFormatter(template, eos_token=self._token_text(eos) or "", bos_token=self._token_text(bos) or "",
+                                            add_generation_prompt=bool(body.get("add_generation_prompt", True)))
+            text = formatter(messages=text_messages(messages)).prompt
+            special = bool(body.get("add_special_tokens", False))
+        else:
+            text = str(body.get("prompt", ""))
+            special = bool(body.get("add_special_tokens", True))
+        tokens = llm.tokenize(text.encode("utf-8"), add_bos=special, special=True)
+        out: dict[str, Any] = {"count": len(tokens), "max_model_len": self.n_ctx, "tokens": tokens}
+        if body.get("return_token_strs"):
+            out["token_strs"] = [self._text(t) for t in tokens]
+        return Completion(body=out)
+
+    async def detokenize(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        self._require_loaded()
+        tokens = [int(t) for t in body.get("tokens") or []]
+        n_vocab = self._llm.n_vocab()
+        if any(not 0 <= t < n_vocab for t in tokens):
+            raise UnsupportedError(f"token ids must be in [0, {n_vocab})", "tokens")
+        return Completion(body={"prompt": self._llm.detokenize(tokens).decode("utf-8", "replace")})
+
+    async def tokenizer_info(self, ctx: RequestContext) -> Completion:
+        self._require_loaded()
+        llm = self._llm
+        return Completion(body={
+            "tokenizer_class": "llama.cpp", "model_max_length": self.n_ctx, "vocab_size": llm.n_vocab(),
+            "bos_token": self._token_text(llm.token_bos()), "eos_token": self._token_text(llm.token_eos()),
+            "pad_token": None, "chat_template": self._template(),
+        })
+
     # -- logprobs (run in the worker thread) ---------------------------------------------------
 
     def _piece(self, token: int) -> bytes:

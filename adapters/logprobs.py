@@ -103,3 +103,19 @@ def keep_within(items: list[TokenLogprob], texts: list[str], length: int) -> int
             return n
         offset += len(text)
     return len(items)
+
+
+def legacy_from_chat(content: Sequence[dict[str, Any]], k: int, start: int = 0) -> dict[str, Any]:
+    """llama-server's completions logprobs (chat's `content` list: token, logprob, top_logprobs) in the legacy shape."""
+    tokens = [str(e.get("token", "")) for e in content]
+    offsets, offset = [], start
+    for text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    tops: list[dict[str, float] | None] = []
+    for e, text in zip(content, tokens, strict=True):
+        top = {str(t.get("token", "")): float(t.get("logprob", 0.0)) for t in (e.get("top_logprobs") or [])[:k]}
+        top.setdefault(text, float(e.get("logprob", 0.0)))
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": [float(e.get("logprob", 0.0)) for e in content], "top_logprobs": tops,
+            "text_offset": offsets}
