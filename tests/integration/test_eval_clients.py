@@ -141,7 +141,7 @@ def test_guidellm_runs_20_seconds_with_the_ggufs_tokenizer(gw: RunningGateway, p
     _run(str(Path(python).with_name("guidellm")), [
         "run", "--backend", f"kind=openai_http,target={gw.url},model={MODEL}",
         "--tokenizer", f"kind=hf_auto,model={tokenizer}",
-        "--data", "kind=synthetic_text,prompt_tokens=32,output_tokens=8",
+        "--data", "kind=synthetic_text,prompt_tokens=16,output_tokens=4",
         "--profile", "kind=synchronous", "--constraint", "kind=max_duration,seconds=20",
         "--output", f"kind=json,path={report}", "--disable-console-interactive"], tmp_path)
     [benchmark] = json.loads(report.read_text())["benchmarks"]
