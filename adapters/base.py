@@ -199,6 +199,19 @@ class Adapter(abc.ABC):
     async def chat(self, body: dict[str, Any], ctx: RequestContext) -> ChatResult:
         raise UnsupportedError(f"{self.engine} does not serve chat completions")
 
+    async def tokenize(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        """vLLM's /tokenize: {prompt | messages, add_special_tokens} -> {count, max_model_len, tokens}."""
+        raise UnsupportedError(f"the {self.engine} engine has no tokenizer the gateway can reach "
+                               "(llamacpp, llama-server, vllm and sglang have)", "model")
+
+    async def detokenize(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        """vLLM's /detokenize: {tokens} -> {prompt}."""
+        raise UnsupportedError(f"the {self.engine} engine has no tokenizer the gateway can reach", "model")
+
+    async def tokenizer_info(self, ctx: RequestContext) -> Completion:
+        """vLLM's /tokenizer_info: the special tokens and chat template (lm-eval's remote tokenizer reads them)."""
+        raise UnsupportedError(f"the {self.engine} engine has no tokenizer the gateway can reach", "model")
+
     async def completions(self, body: dict[str, Any], ctx: RequestContext) -> ChatResult:
         raise UnsupportedError(f"{self.engine} does not serve text completions")
 

@@ -37,6 +37,24 @@ def mend_message(message: dict[str, Any]) -> bool:
     return changed
 
 
+def mend_logprobs(choice: dict[str, Any]) -> bool:
+    """Chat logprobs as OpenAI's ChatCompletionTokenLogprob: `refusal` beside `content`, no engine extras
+    (llama-server adds each token's `id`, which the spec's closed objects refuse)."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return False
+    changed = False
+    if "refusal" not in lp:
+        lp["refusal"] = None
+        changed = True
+    for entry in lp.get("content") or ():
+        for item in (entry, *(entry.get("top_logprobs") or ())):
+            if isinstance(item, dict) and "id" in item:
+                del item["id"]
+                changed = True
+    return changed
+
+
 def mend_completion(body: dict[str, Any]) -> bool:
     """A whole chat completion: every choice's message mended."""
     changed = False
@@ -46,6 +64,7 @@ def mend_completion(body: dict[str, Any]) -> bool:
         if "logprobs" not in choice:  # required (nullable) in every choice; llama-server leaves it out
             choice["logprobs"] = None
             changed = True
+        changed = mend_logprobs(choice) or changed
         message = choice.get("message")
         if isinstance(message, dict):
             changed = mend_message(message) or changed
@@ -63,6 +82,8 @@ class ToolCallDeltas:
     def mend(self, chunk: dict[str, Any]) -> bool:
         changed = False
         for choice in chunk.get("choices") or ():
+            if isinstance(choice, dict):
+                changed = mend_logprobs(choice) or changed
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if isinstance(delta, dict):
                 changed = self._delta(int(choice.get("index") or 0), delta) or changed

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from adapters import forced_tools, llamacpp, lora, tool_prompt
+from adapters import forced_tools, llamacpp, logprobs, lora, tool_prompt
 from adapters.base import (
     Capabilities,
     ClientRequestError,
@@ -31,7 +31,13 @@ from adapters.config import EngineConfig
 from adapters.launch import LaunchConfigError, strings
 from adapters.openai_http import UpstreamConnectionError
 from adapters.paths import bin_dir
-from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState
+from adapters.process import (
+    Endpoint,
+    Launch,
+    ManagedProcess,
+    ProcessError,
+    ProcessState,
+)
 from adapters.server import ROUTES, ServerAdapter
 from adapters.spec import EngineSpec, Features, Layout, ServerSpec
 
@@ -268,6 +274,44 @@ class LlamaServerAdapter(ServerAdapter):
         selection = lora.llama_server_selection(self.loras, ctx.model)
         return body if selection is None else {**body, "lora": selection}
 
+    async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+        """llama-server has no `echo` (so no prompt logprobs), and answers completions' `logprobs` in chat's
+        shape: mapped to the legacy one (tokens, token_logprobs, top_logprobs, text_offset)."""
+        if body.get("echo"):
+            raise UnsupportedError(
+                "echo (and the prompt logprobs scoring reads from it) is not supported by the llama-server engine: "
+                "serve the model with engine llamacpp and the option `scoring: true`, or with vllm", "echo")
+        result = await super().completions(body, ctx)
+        k = body.get("logprobs")
+        if k is None or k is False:
+            return result
+        if isinstance(result, Completion):
+            if result.status < 400:
+                result.body = _legacy_logprobs(result.body, int(k))
+            return result
+        return _legacy_stream(result, int(k))
+
+    async def tokenize(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        if body.get("messages") is not None:
+            raise UnsupportedError("the llama-server engine tokenizes text only: send prompt", "messages")
+        raw = await self._native("/tokenize", {"content": str(body.get("prompt", "")),
+                                               "add_special": bool(body.get("add_special_tokens", True))}, ctx)
+        tokens = [int(t) for t in raw.get("tokens", [])]
+        context = self.options.get("context_length")
+        return Completion(body={"count": len(tokens), "max_model_len": int(context) if context else None, "tokens": tokens})
+
+    async def detokenize(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        raw = await self._native("/detokenize", {"tokens": [int(t) for t in body.get("tokens") or []]}, ctx)
+        return Completion(body={"prompt": str(raw.get("content", ""))})
+
+    async def _native(self, path: str, body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+        result = await self._forward(path, body, ctx)
+        assert isinstance(result, Completion)
+        raw = result.body if isinstance(result.body, dict) else orjson.loads(result.body)
+        if result.status >= 400:
+            raise EngineError(f"llama-server {path} failed: {raw}", status=502)
+        return raw  # type: ignore[no-any-return]
+
     async def props(self) -> bytes | None:
         """llama-server's /props (its slot count, context, model), or None while it does not serve."""
         if self.process.state is not ProcessState.READY:
@@ -284,6 +328,22 @@ class LlamaServerAdapter(ServerAdapter):
         if self.options.get("context_length"):  # the model's own limit, which the gateway checks requests against
             info["context_length"] = int(self.options["context_length"])
         return info
+
+
+def _legacy_logprobs(body: dict[str, Any] | bytes, k: int) -> dict[str, Any] | bytes:
+    data = body if isinstance(body, dict) else orjson.loads(body)
+    for choice in data.get("choices") or []:
+        lp = choice.get("logprobs")
+        if isinstance(lp, dict) and "content" in lp:
+            choice["logprobs"] = logprobs.legacy_from_chat(lp["content"] or [], k)
+    return data if isinstance(body, dict) else orjson.dumps(data)
+
+
+async def _legacy_stream(events: AsyncIterator[StreamEvent], k: int) -> AsyncIterator[StreamEvent]:
+    async for event in events:
+        if event.data and not event.is_error and b'"logprobs"' in event.data:
+            event.data = _legacy_logprobs(event.data, k)  # type: ignore[assignment]
+        yield event
 
 
 KV_CACHE_TYPE = {"fp16": "f16", "bf16": "bf16", "fp8": "q8_0", "q8_0": "q8_0", "q4_0": "q4_0"}

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from adapters import forced_tools, tool_prompt
+from adapters import forced_tools, logprobs, tool_prompt
 from adapters.base import (
     Adapter,
     Capabilities,
@@ -38,8 +38,18 @@ from adapters.base import (
 from adapters.chat_shape import ToolCallDeltas, mend_completion
 from adapters.config import EngineConfig
 from adapters.counters import StatsCounter
-from adapters.llamacpp_kv import BYTES_PER_ELEMENT, QUANTISED, kv_cache_type, llama_kwargs
-from adapters.llamacpp_requests import text_messages, translator
+from adapters.llamacpp_kv import (
+    BYTES_PER_ELEMENT,
+    QUANTISED,
+    kv_cache_type,
+    llama_kwargs,
+)
+from adapters.llamacpp_requests import (
+    chat_logprobs_k,
+    completion_logprobs_k,
+    text_messages,
+    translator,
+)
 from adapters.spec import EngineSpec, Layout
 from adapters.thread_stream import ThreadStream
 
@@ -75,6 +85,10 @@ class _TokenCounter:
         # set when nobody waits for the result: end-of-generation becomes the only choice
         self.cancelled = threading.Event()
         self.end_token = end_token
+        # logprobs asked for: the k best alternatives kept per sampled token (0: the chosen token's alone)
+        self.logprobs_k: int | None = None
+        self.taken: list[logprobs.TokenLogprob] = []
+        self._row: np.ndarray | None = None
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         if self.prompt_tokens is None:
@@ -88,7 +102,19 @@ class _TokenCounter:
         if self.bias_ids is not None:
             scores = scores.copy()
             scores[self.bias_ids] += self.bias_values
+        if self.logprobs_k is not None:
+            self._row = logprobs.log_softmax(scores)
         return scores
+
+    def took(self, token: int) -> None:
+        """The engine sampled `token` from the scores this processor saw last (called in the worker thread)."""
+        if self._row is not None and self.logprobs_k is not None:
+            self.taken.append(logprobs.TokenLogprob(token, float(self._row[token]), logprobs.top_k(self._row, self.logprobs_k)))
+            self._row = None
+
+    def drain(self) -> list[logprobs.TokenLogprob]:
+        out, self.taken = self.taken, []
+        return out
 
 
 class LlamaCppAdapter(Adapter):
@@ -105,6 +131,8 @@ class LlamaCppAdapter(Adapter):
         self.llama_kwargs: dict[str, Any] = dict(options.get("llama_kwargs") or {})
         self.split_mode = SPLIT_MODES.get(str(options.get("split_mode") or "layer"), 1)
         self.tensor_split = [float(x) for x in options["tensor_split"]] if options.get("tensor_split") else None
+        self.scoring = bool(options.get("scoring"))
+        """Keep every position's logits (llama.cpp's logits_all): completions' `echo` + `logprobs` score the prompt."""
         self._executor, self._embed_executor = self._executors()
         self._llm: Any = None
         self._embedder: Any = None
@@ -121,7 +149,7 @@ class LlamaCppAdapter(Adapter):
 
     def _load(self, embedding: bool = False) -> Any:
         try:
-            from llama_cpp import LLAMA_POOLING_TYPE_MEAN, Llama
+            from llama_cpp import LLAMA_POOLING_TYPE_MEAN
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise EngineError(
                 "llama-cpp-python is not installed: run `make setup` (it builds llama.cpp with flags safe "
@@ -146,8 +174,10 @@ class LlamaCppAdapter(Adapter):
             kwargs.update(llama_kwargs(self.kv_cache_type))
             if self.chat_format:
                 kwargs["chat_format"] = self.chat_format
+            if self.scoring:
+                kwargs["logits_all"] = True  # prompt logprobs: the logits after every prompt token, not just the last
         kwargs.update(self.llama_kwargs)
-        return Llama(**kwargs)
+        return _recording_llama()(**kwargs)
 
     def _executors(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
         return (ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{self.config.name or 'model'}"),
@@ -189,7 +219,7 @@ class LlamaCppAdapter(Adapter):
             layers, embd = llama_cpp.llama_model_n_layer(model), llama_cpp.llama_model_n_embd(model)
             heads, kv_heads = llama_cpp.llama_model_n_head(model), llama_cpp.llama_model_n_head_kv(model)
             kv = int(2 * layers * self.n_ctx * kv_heads * (embd // max(1, heads)) * BYTES_PER_ELEMENT[self.kv_cache_type])
-            return int(llama_cpp.llama_model_size(model)) + kv
+            return int(llama_cpp.llama_model_size(model)) + kv + (scoring_bytes(self.n_ctx, llm.n_vocab()) if self.scoring else 0)
         except (AttributeError, ImportError, TypeError):  # an older llama-cpp-python without these calls
             return None
 
@@ -299,14 +329,15 @@ class LlamaCppAdapter(Adapter):
             kwargs.pop("tools")
         forced = self._forced_call(kwargs)
         counter = self._counter(body)
+        counter.logprobs_k = chat_logprobs_k(body)
         if body.get("stream"):
             events = await self._stream(lambda: self._llm.create_chat_completion(
                 stream=True, logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl", "chat.completion.chunk")
             if answer:
                 return tool_prompt.as_answer_stream(events)
             return events if forced is None else forced_tools.as_tool_call_stream(events, forced)
-        result = await self._complete(lambda: self._llm.create_chat_completion(
-            logits_processor=[counter], **kwargs), counter, ctx, "chatcmpl")
+        result = await self._complete(lambda: self._with_logprobs(self._llm.create_chat_completion(
+            logits_processor=[counter], **kwargs), counter), counter, ctx, "chatcmpl")
         if forced is not None:
             result = forced_tools.as_tool_call(result, forced)
         if answer:
@@ -326,7 +357,7 @@ class LlamaCppAdapter(Adapter):
                 try:
                     out = self._llm.create_chat_completion(messages=tool_prompt.PROBE_MESSAGES, tools=tools,
                                                            max_tokens=1, temperature=0.0)
-                except Exception:  # noqa: BLE001 - a template that raises on tools does not render them
+                except Exception:
                     log.info("%s: the chat template failed on a probe with tools", self.config.served, exc_info=True)
                     return None
                 return int(out["usage"]["prompt_tokens"])
@@ -372,7 +403,7 @@ class LlamaCppAdapter(Adapter):
         loop = asyncio.get_running_loop()
         try:
             out = await loop.run_in_executor(self._executor, lambda: self._llm.create_chat_completion(**pick))
-        except Exception as exc:  # noqa: BLE001 - the engine's failure, in the gateway's terms
+        except Exception as exc:
             raise translator("chatcmpl")(exc) from exc
         picked = str(out["choices"][0]["message"].get("content") or "").strip()
         name = picked if picked in options else options[0]
@@ -380,20 +411,39 @@ class LlamaCppAdapter(Adapter):
 
     async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         kwargs = self._sampling(body)
-        if body.get("echo"):
+        k = completion_logprobs_k(body)
+        scoring = bool(body.get("echo")) and (k is not None or body.get("max_tokens") == 0)
+        if scoring and not self.scoring:
+            raise UnsupportedError(
+                f"prompt logprobs (echo with logprobs, or max_tokens 0) need model {ctx.model} served with the option "
+                "`scoring: true` (llama.cpp then keeps every position's logits; see docs/evaluation.md), or a vllm engine",
+                "echo")
+        if scoring and body.get("stream"):
+            raise UnsupportedError("prompt logprobs (echo with logprobs) are not streamed by the llamacpp engine: "
+                                   "send stream: false", "stream")
+        if body.get("echo") and not scoring:
             kwargs["echo"] = True
         prompts = _prompts(body["prompt"])
         if body.get("stream"):
             if len(prompts) > 1:
                 raise UnsupportedError("streaming several prompts at once is not supported: send them one by one", "prompt")
             counter = self._counter(body)
+            counter.logprobs_k = k
             return await self._stream(lambda: self._llm.create_completion(
                 prompts[0], stream=True, logits_processor=[counter], **kwargs), counter, ctx, "cmpl", "text_completion")
         results = []
         for prompt in prompts:
             counter = self._counter(body)
-            results.append(await self._complete(lambda p=prompt, c=counter: self._llm.create_completion(
-                p, logits_processor=[c], **kwargs), counter, ctx, "cmpl"))
+            counter.logprobs_k = k
+            if scoring:
+                limit = 0 if body.get("max_tokens") == 0 else kwargs["max_tokens"]
+                call: Callable[[], dict[str, Any]] = (
+                    lambda p=prompt, c=counter, n=limit: self._score(p, c, {**kwargs, "max_tokens": n}))
+            else:
+                call = lambda p=prompt, c=counter: self._with_logprobs(
+                    self._llm.create_completion(p, logits_processor=[c], **kwargs), c,
+                    start=len(p) if isinstance(p, str) and not body.get("echo") else 0)
+            results.append(await self._complete(call, counter, ctx, "cmpl"))
         if len(results) == 1:
             return results[0]
         merged = results[0].body
@@ -455,6 +505,143 @@ class LlamaCppAdapter(Adapter):
                                          param="input", code="context_length_exceeded")
         return self._embedder.create_embedding(inputs)
 
+    # -- the tokenizer (vLLM's routes; llama.cpp's vocabulary is read-only, so no worker thread) ------
+
+    def _template(self) -> str | None:
+        return (self._llm.metadata or {}).get("tokenizer.chat_template") if self._llm is not None else None
+
+    def _token_text(self, token: int) -> str | None:
+        return None if token < 0 else self._llm._model.token_get_text(token)
+
+    async def tokenize(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        self._require_loaded()
+        llm = self._llm
+        messages = body.get("messages")
+        if messages is not None:
+            template = self._template()
+            if not template:
+                raise UnsupportedError(f"model {ctx.model} has no chat template to render messages with", "messages")
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            eos, bos = llm.token_eos(), llm.token_bos()
+            formatter = Jinja2ChatFormatter(template, eos_token=self._token_text(eos) or "", bos_token=self._token_text(bos) or "",
+                                            add_generation_prompt=bool(body.get("add_generation_prompt", True)))
+            text = formatter(messages=text_messages(messages)).prompt
+            special = bool(body.get("add_special_tokens", False))
+        else:
+            text = str(body.get("prompt", ""))
+            special = bool(body.get("add_special_tokens", True))
+        tokens = llm.tokenize(text.encode("utf-8"), add_bos=special, special=True)
+        out: dict[str, Any] = {"count": len(tokens), "max_model_len": self.n_ctx, "tokens": tokens}
+        if body.get("return_token_strs"):
+            out["token_strs"] = [self._text(t) for t in tokens]
+        return Completion(body=out)
+
+    async def detokenize(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        self._require_loaded()
+        tokens = [int(t) for t in body.get("tokens") or []]
+        n_vocab = self._llm.n_vocab()
+        if any(not 0 <= t < n_vocab for t in tokens):
+            raise UnsupportedError(f"token ids must be in [0, {n_vocab})", "tokens")
+        return Completion(body={"prompt": self._llm.detokenize(tokens).decode("utf-8", "replace")})
+
+    async def tokenizer_info(self, ctx: RequestContext) -> Completion:
+        self._require_loaded()
+        llm = self._llm
+        return Completion(body={
+            "tokenizer_class": "llama.cpp", "model_max_length": self.n_ctx, "vocab_size": llm.n_vocab(),
+            "bos_token": self._token_text(llm.token_bos()), "eos_token": self._token_text(llm.token_eos()),
+            "pad_token": None, "chat_template": self._template(),
+        })
+
+    # -- logprobs (run in the worker thread) ---------------------------------------------------
+
+    def _piece(self, token: int) -> bytes:
+        return bytes(self._llm.detokenize([token]))
+
+    def _generated(self, counter: _TokenCounter, text: str | None) -> list[logprobs.TokenLogprob]:
+        """The tokens the engine sampled for this answer: end-of-generation tokens dropped, and, when the
+        engine cut the text (a stop sequence), those past its end."""
+        import llama_cpp
+
+        vocab = self._llm._model.vocab
+        items = [i for i in counter.drain() if not llama_cpp.llama_vocab_is_eog(vocab, i.token)]
+        if text is not None:
+            items = items[:logprobs.keep_within(items, [self._text(i.token) for i in items], len(text))]
+        return items
+
+    def _text(self, token: int) -> str:
+        return self._piece(token).decode("utf-8", "replace")
+
+    def _legacy(self, items: list[logprobs.TokenLogprob], start: int = 0) -> dict[str, Any]:
+        alts = {i: self._text(i) for item in items for i, _ in item.top}
+        return logprobs.legacy(items, [self._text(i.token) for i in items], alts, start)
+
+    def _chat(self, items: list[logprobs.TokenLogprob], k: int) -> dict[str, Any]:
+        alts = {i: self._piece(i) for item in items for i, _ in item.top}
+        return logprobs.chat(items, [self._piece(i.token) for i in items], alts, k)
+
+    def _with_logprobs(self, result: dict[str, Any], counter: _TokenCounter, start: int = 0) -> dict[str, Any]:
+        """The answer with the sampled tokens' logprobs in its API's shape, when they were asked for."""
+        if counter.logprobs_k is None:
+            return result
+        choice = result["choices"][0]
+        if "message" in choice:
+            items = self._generated(counter, choice["message"].get("content"))
+            choice["logprobs"] = self._chat(items, counter.logprobs_k)
+        else:
+            choice["logprobs"] = self._legacy(self._generated(counter, choice.get("text")), start)
+        return result
+
+    def _stream_logprobs(self, chunk: dict[str, Any], counter: _TokenCounter) -> None:
+        """A stream chunk carries the logprobs of the tokens sampled since the previous chunk."""
+        if counter.logprobs_k is None or not chunk.get("choices"):
+            return
+        choice = chunk["choices"][0]
+        items = self._generated(counter, None)
+        if not items and not (choice.get("text") or (choice.get("delta") or {}).get("content")):
+            return
+        if "delta" in choice:
+            choice["logprobs"] = self._chat(items, counter.logprobs_k)
+        else:
+            choice["logprobs"] = self._legacy(items)
+
+    def _score(self, prompt: str | list[int], counter: _TokenCounter, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """`echo` with `logprobs`: every prompt token's logprob (the first null), then, unless `max_tokens`
+        is 0 (score only), the generated continuation with its own. The prompt's common prefix with the
+        previous request is not computed again (its logits are kept: logits_all)."""
+        llm = self._llm
+        tokens = list(prompt) if isinstance(prompt, list) else llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+        if len(tokens) + max(0, kwargs.get("max_tokens") or 0) > self.n_ctx:
+            raise ClientRequestError(f"the prompt's {len(tokens)} tokens (+ max_tokens) exceed the context of {self.n_ctx} tokens",
+                                     param="prompt", code="context_length_exceeded")
+        cached = _common_prefix(llm.input_ids[: llm.n_tokens], tokens)
+        if llm._is_recurrent or llm._is_hybrid or cached >= len(tokens):
+            cached = 0 if llm._is_recurrent or llm._is_hybrid else len(tokens) - 1
+        if cached == 0:
+            llm.reset()
+        llm.n_tokens = cached
+        llm.eval(tokens[cached:])
+        k = counter.logprobs_k or 0
+        items = logprobs.score(tokens, llm.scores[: len(tokens)], k)
+        text = prompt if isinstance(prompt, str) else llm.detokenize(tokens).decode("utf-8", "replace")
+        generated, finish, completion_tokens = "", "length", 0
+        if kwargs.get("max_tokens") != 0:
+            counter.logprobs_k = k
+            out = llm.create_completion(tokens, logits_processor=[counter], **kwargs)
+            choice = out["choices"][0]
+            generated, finish = choice["text"], choice["finish_reason"]
+            completion_tokens = out["usage"]["completion_tokens"]
+            # every sampled token, an end token included: scorers slice the echo by position (lm-eval drops the last)
+            items += counter.drain()
+        return {
+            "object": "text_completion", "created": int(time.time()),
+            "choices": [{"text": text + generated, "index": 0, "finish_reason": finish,
+                         "logprobs": self._legacy(items) if counter.logprobs_k is not None else None}],
+            "usage": {"prompt_tokens": len(tokens), "completion_tokens": completion_tokens,
+                      "total_tokens": len(tokens) + completion_tokens},
+        }
+
     # -- execution -------------------------------------------------------------------------
 
     async def _complete(self, call: Callable[[], dict[str, Any]], counter: _TokenCounter, ctx: RequestContext, prefix: str) -> Completion:
@@ -464,9 +651,11 @@ class LlamaCppAdapter(Adapter):
 
         def work() -> None:
             self._running(+1)
+            self._llm.on_sample = counter.took
             try:
                 stream.put(call())
             finally:
+                self._llm.on_sample = None
                 self._running(-1)
                 self._finished(counter)
 
@@ -497,6 +686,7 @@ class LlamaCppAdapter(Adapter):
 
         def work() -> None:
             self._running(+1)
+            self._llm.on_sample = counter.took
             chunks: Iterator[dict[str, Any]] | None = None
             try:
                 chunks = call()
@@ -504,8 +694,10 @@ class LlamaCppAdapter(Adapter):
                     if stream.cancelled.is_set():
                         log.info("%s: generation cancelled after %d tokens (client disconnected)", ctx.request_id, counter.sampled)
                         break
+                    self._stream_logprobs(chunk, counter)
                     stream.put(chunk)
             finally:
+                self._llm.on_sample = None
                 if chunks is not None and hasattr(chunks, "close"):
                     chunks.close()
                 self._running(-1)
@@ -559,6 +751,37 @@ class LlamaCppAdapter(Adapter):
             raise EngineError(f"model {self.config.served} is not loaded", status=503, code="model_not_ready")
 
 
+def _recording_llama() -> type:
+    """llama-cpp-python's `Llama` telling a hook each token it samples (the logprobs recorder's other half:
+    its logits processor sees the scores, never the choice)."""
+    from llama_cpp import Llama
+
+    class RecordingLlama(Llama):  # type: ignore[misc]
+        on_sample: Callable[[int], None] | None = None
+
+        def sample(self, *args: Any, **kwargs: Any) -> int:
+            token = int(super().sample(*args, **kwargs))
+            if self.on_sample is not None:
+                self.on_sample(token)
+            return token
+
+    return RecordingLlama
+
+
+def scoring_bytes(n_ctx: int, n_vocab: int) -> int:
+    """What `scoring: true` (logits_all) costs: llama.cpp's output buffer and llama-cpp-python's copy,
+    float32 logits for every position of the context."""
+    return 2 * 4 * n_ctx * n_vocab
+
+
+def _common_prefix(held: Any, tokens: list[int]) -> int:
+    n = min(len(held), len(tokens))
+    for i in range(n):
+        if int(held[i]) != tokens[i]:
+            return i
+    return n
+
+
 def _prompts(prompt: Any) -> list[Any]:
     if isinstance(prompt, str):
         return [prompt]
@@ -582,7 +805,8 @@ def layout_options(lay: Layout) -> dict[str, Any]:
 SPEC = EngineSpec(
     name="llamacpp",
     adapter=LlamaCppAdapter,
-    capabilities=Capabilities(chat=True, completions=True, embeddings=True, tools=True, structured_output=True),
+    capabilities=Capabilities(chat=True, completions=True, embeddings=True, tools=True, structured_output=True,
+                              logprobs=True),
     accelerators=("none", "nvidia", "amd", "apple"),
     formats=("gguf",),
     needs_fast_memory=False,  # keeps the layers that do not fit in RAM (-ngl)

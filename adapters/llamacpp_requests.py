@@ -39,3 +39,18 @@ def translator(prefix: str) -> Callable[[BaseException], BaseException]:
         return EngineError(f"llama.cpp generation failed: {exc}")
 
     return translate
+
+
+def chat_logprobs_k(body: dict[str, Any]) -> int | None:
+    """Chat's `logprobs: true` (+ `top_logprobs`: alternatives per token) as the k to record; None: off."""
+    if not body.get("logprobs"):
+        if body.get("top_logprobs"):
+            raise UnsupportedError("top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    return int(body.get("top_logprobs") or 0)
+
+
+def completion_logprobs_k(body: dict[str, Any]) -> int | None:
+    """Completions' legacy `logprobs` (an integer: alternatives per token; 0 the chosen token's alone); None: off."""
+    value = body.get("logprobs")
+    return None if value is None or value is False else int(value)

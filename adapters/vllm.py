@@ -25,10 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from adapters import lora
-from adapters.base import Capabilities
+from adapters.base import Capabilities, Completion, RequestContext
 from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
-from adapters.launch import LaunchConfigError, LaunchOptions, flag, flag_if_not_default, kv_layout_options, server_feature_options
+from adapters.launch import (
+    LaunchConfigError,
+    LaunchOptions,
+    flag,
+    flag_if_not_default,
+    kv_layout_options,
+    server_feature_options,
+)
 from adapters.process import Endpoint, Launch, ProcessState
 from adapters.spec import EngineSpec, ServerSpec
 
@@ -156,6 +163,17 @@ class VllmServer(EngineServer):
                 lora.vllm_args(self.loras, self.options)
             except ValueError as exc:
                 self.config_error = str(exc)
+
+    async def tokenize(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        return await self._relayed("/tokenize", {**body, "model": ctx.model}, ctx)
+
+    async def detokenize(self, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        return await self._relayed("/detokenize", {**body, "model": ctx.model}, ctx)
+
+    async def _relayed(self, path: str, body: dict[str, Any], ctx: RequestContext) -> Completion:
+        result = await self._forward(path, body, ctx)
+        assert isinstance(result, Completion)
+        return result
 
     def kv_events_at(self, endpoint: Endpoint) -> KvEvents | None:
         return kv_events_at(self.run_dir("kv"), endpoint.port) if self.kv_events else None

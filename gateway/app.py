@@ -23,6 +23,7 @@ from gateway.api import (
     observe,
     responses,
     status,
+    tokenize,
 )
 from gateway.api.errors import install_error_handlers
 from gateway.api.response_store import StoreUnavailable
@@ -53,7 +54,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.tenancy = build_tenancy(settings, app.state.metrics.registry, app.state.database)
     install_error_handlers(app)
     install_openapi(app)
-    for module in (chat, completions, embeddings, responses, messages, models, health, observe, status, engines, admin_models, admin_keys):
+    for module in (chat, completions, embeddings, tokenize, responses, messages, models, health, observe, status, engines, admin_models, admin_keys):
         app.include_router(module.router)
     # Outermost first at request time: metrics see every request, the drain refuses new ones,
     # auth before the body is read.

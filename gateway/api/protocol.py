@@ -14,7 +14,9 @@ from pydantic import (
     ValidatorFunctionWrapHandler,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -106,6 +108,8 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 _IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
@@ -142,6 +146,16 @@ def check_inputs(v: Any, handler: ValidatorFunctionWrapHandler, name: str) -> An
 class CompletionRequest(_Sampling):
     prompt: TokenInput
     echo: bool = False
+    max_tokens: int | None = Field(default=None, ge=0)
+    """0 only with `echo`: score the prompt, generate nothing (legacy OpenAI scoring, as lm-eval sends it)."""
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    """The legacy field: how many alternatives per token (0: the chosen token's logprob alone)."""
+
+    @model_validator(mode="after")
+    def _score_only(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise PydanticCustomError("score_only", "max_tokens 0 generates nothing: it needs echo: true (score the prompt only)")
+        return self
 
     @field_validator("prompt", mode="wrap")
     @classmethod

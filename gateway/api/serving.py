@@ -191,7 +191,8 @@ def resolve_backend(request: Request, model: str, operation: Operation) -> Backe
 def require(backend: Backend, body: dict[str, Any]) -> None:
     """What every generation route asks of the engine's capabilities (chat's tools and formats: chat.check_chat)."""
     if (body.get("logprobs") or body.get("top_logprobs")) and not backend.adapter.capabilities.logprobs:
-        raise APIError(400, f"logprobs are not supported by the {backend.engine} engine", param="logprobs")
+        raise APIError(400, f"logprobs are not supported by the {backend.engine} engine (llamacpp, llama-server, vllm and "
+                       "sglang give them)", param="logprobs", code="unsupported_parameter")
 
 
 async def reserve_limits(request: Request, backend: Backend, view: RequestView, facts: dict[str, Any]) -> Ticket:

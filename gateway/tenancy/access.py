@@ -16,6 +16,9 @@ ROUTE_ACCESS: tuple[tuple[str, Access], ...] = (
     ("/admin/", "admin"),            # keys, usage, engines and their logs, model load/unload
     ("/v1/gateway/plan", "admin"),   # the host's hardware, the plans, launch options
     ("/v1/", "user"),                # the OpenAI and Anthropic APIs, /v1/models, /v1/gateway/stats
+    ("/tokenize", "user"),           # vLLM's tokenizer routes (lm-eval's remote tokenizer calls them at the root)
+    ("/detokenize", "user"),
+    ("/tokenizer_info", "user"),
     ("/metrics", "metrics"),         # metrics_api_key, when set
 )
 """Path prefix -> access, first match wins; every other path (/health, /ready, /, /docs, /openapi.json) is public."""

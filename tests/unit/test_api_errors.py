@@ -99,6 +99,13 @@ def test_logprobs_from_an_engine_without_them_is_a_clear_400(
     body = {**CHAT, **extra} if route.endswith("chat/completions") else {"model": "echo", "prompt": "hi", **extra}
     err = assert_openai_error(client.post(route, json=body), 400, "invalid_request_error")
     assert err["param"] == param and "echo" in err["message"]
+    assert err["code"] == "unsupported_parameter"  # the error reference's code (it was null)
+
+
+def test_max_tokens_0_needs_echo(client: TestClient) -> None:
+    r = client.post("/v1/completions", json={"model": "echo", "prompt": "hi", "max_tokens": 0})
+    err = assert_openai_error(r, 400, "invalid_request_error")
+    assert "echo" in err["message"]
 
 
 def test_unsupported_operation_is_400(client: TestClient) -> None:
