@@ -21,7 +21,7 @@ from gateway.planning import (
     load_workload,
     plan,
 )
-from gateway.planning.checkpoint import describe as weights_text
+from gateway.planning.explain import params_line, weights_line
 from gateway.planning.measured import VariantResult
 from gateway.planning.workload import validation_message
 from gateway.tuning import apply_tuning, lookup
@@ -55,9 +55,9 @@ def _figures(p: Plan) -> list[str]:
     c = p.capacity
     if c is None:
         return []
-    lines = []
-    if p.spec is not None and p.spec.weight_bytes is not None:
-        lines.append(f"weights  {weights_text(p.spec.weight_bytes, p.spec.weights_source, p.spec.arithmetic_bytes)}")
+    weights = weights_line(p.spec) if p.spec is not None else None
+    params = params_line(p.spec) if p.spec is not None else None
+    lines = ([f"weights  {weights}"] if weights else []) + ([f"params   {params}"] if params else [])
     usable = f"{c.usable_bytes / 1e9:.1f} GB usable" if c.memory_known else "memory size unknown"
     lines += [
         f"memory   {c.required_bytes / 1e9:.1f} GB needed ({c.kv_sizing} KV), {usable} in {c.memory}"

@@ -130,7 +130,7 @@ def stated_bytes(path: Path) -> Stated | None:
 SOURCE_TEXT: dict[str, str] = {
     "index": "the checkpoint index's metadata.total_size",
     "safetensors_headers": "the safetensors headers",
-    "gguf": "the GGUF tensor table (file sizes)",
+    "gguf": "the GGUF files (parameters from their tensor table)",
     "file_sizes": "the weight files' sizes",
     "arithmetic": "config.json arithmetic (parameters x bits per weight; no weights on disk)",
 }
@@ -147,8 +147,3 @@ def disagreement(stated: int, source: WeightsSource, arithmetic: int | None) -> 
             f"{arithmetic / 1e9:.1f} GB ({gap:.0%} apart): the plan uses the checkpoint's {stated / 1e9:.1f} GB; "
             "check the config (or the quantisation) if the checkpoint is complete")
 
-
-def describe(weight_bytes: int, source: WeightsSource, arithmetic: int | None) -> str:
-    """One line: the weights' size, where it comes from, and the arithmetic beside a checkpoint's figure."""
-    beside = f" (config arithmetic: {arithmetic / 1e9:.1f} GB)" if arithmetic and source != "arithmetic" else ""
-    return f"{weight_bytes / 1e9:.1f} GB from {SOURCE_TEXT[source]}{beside}"
