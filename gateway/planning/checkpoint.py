@@ -15,6 +15,7 @@ the header's JSON only.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -39,8 +40,6 @@ class Stated:
     bytes: int
     source: WeightsSource
     files: tuple[Path, ...] = ()
-    note: str | None = None
-    """What could not be read on the way (an index without total_size, a header that did not parse)."""
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -88,11 +87,12 @@ def _index_files(path: Path) -> tuple[int | None, list[Path], str | None]:
         data = _json(index)
         if data is None:
             return None, [], f"{name} is not a JSON object: ignored"
-        files = [path / n for n in sorted(set((data.get("weight_map") or {}).values()))]
-        size = (data.get("metadata") or {}).get("total_size")
-        if isinstance(size, (int, float)) and size > 0:
+        files = [path / str(n) for n in sorted({str(v) for v in (data.get("weight_map") or {}).values()})]
+        meta = data.get("metadata")
+        size = meta.get("total_size") if isinstance(meta, dict) else None
+        if isinstance(size, (int, float)) and not isinstance(size, bool) and size > 0:
             return int(size), files, None
-        return None, files, f"{name} states no metadata.total_size"
+        return None, files, None
     return None, [], None
 
 
@@ -110,21 +110,43 @@ def weight_files(path: Path) -> list[Path]:
     return safetensors or sorted(path.glob("*.bin"))
 
 
-def stated_bytes(path: Path) -> Stated | None:
-    """The checkpoint's own figure for its weights, or None when the directory holds no weights or index."""
+SHARD = re.compile(r"^(?P<stem>.+)-(?P<n>\d{5})-of-(?P<count>\d{5})\.(?P<ext>safetensors|bin)$")
+
+
+def missing_files(path: Path, files: list[Path]) -> list[str]:
+    """Weight files the index names, or the -0000N-of-0000M naming implies, that are not on disk."""
+    _, listed, _ = _index_files(path)
+    names = {p.name for p in listed}
+    for f in files:
+        m = SHARD.match(f.name)
+        if m:
+            count = int(m.group("count"))
+            names |= {f"{m.group('stem')}-{i:05d}-of-{count:05d}.{m.group('ext')}" for i in range(1, count + 1)}
+    return sorted(n for n in names if not (path / n).is_file())
+
+
+def stated_bytes(path: Path) -> tuple[Stated | None, list[str]]:
+    """The checkpoint's own figure for its weights (None: no weights or index, or some shards missing),
+    and notes on what could not be read."""
     total, _, note = _index_files(path)
+    notes = [note] if note else []
     files = weight_files(path)
     if total is not None:
-        return Stated(total, "index", tuple(files), note)
+        return Stated(total, "index", tuple(files)), notes
     if not files:
-        return None
+        return None, notes
+    missing = missing_files(path, files)
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        notes.append(f"{len(missing)} weight file(s) of the checkpoint are not on disk ({shown}) and no index states "
+                     "the total: the weights are sized by the config arithmetic, not by the files present")
+        return None, notes
     if all(f.suffix == ".safetensors" for f in files):
         try:
-            return Stated(sum(safetensors_data_bytes(f) for f in files), "safetensors_headers", tuple(files), note)
+            return Stated(sum(safetensors_data_bytes(f) for f in files), "safetensors_headers", tuple(files)), notes
         except (HeaderError, OSError) as exc:
-            why = f"a safetensors header did not read ({exc}): the files' sizes are used"
-            note = f"{note}; {why}" if note else why
-    return Stated(sum(f.stat().st_size for f in files), "file_sizes", tuple(files), note)
+            notes.append(f"a safetensors header did not read ({exc}): the files' sizes are used")
+    return Stated(sum(f.stat().st_size for f in files), "file_sizes", tuple(files)), notes
 
 
 SOURCE_TEXT: dict[str, str] = {

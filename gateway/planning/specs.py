@@ -387,9 +387,8 @@ def load_hf_dir(path: Path) -> ModelSpec:
         kept = params.embeddings
     elif quant is not None and quant.scope == "experts":
         kept = params.total - params.experts
-    stated = stated_bytes(path)
-    if stated is not None and stated.note:
-        notes.append(stated.note)
+    stated, stated_notes = stated_bytes(path)
+    notes += stated_notes
     arithmetic = _arithmetic_bytes(params.total, kept, bpw)
     check = None
     if stated is not None and arithmetic is not None:

@@ -221,3 +221,30 @@ def test_a_llama_cpp_projector_beside_the_model_is_counted(tmp_path: Path) -> No
     assert spec.family == "multimodal" and any("--mmproj" in n for n in spec.notes)
     assert spec.params_active == text_only.params_active  # images only: not read per token
     assert load_spec(tmp_path) == spec  # the directory: the model, not the projector, is the one loaded
+
+
+def test_a_checkpoint_still_downloading_is_not_sized_by_the_shards_present(tmp_path: Path) -> None:
+    d = _dir(tmp_path, json.loads((MODELS / "llama-3-8b" / "config.json").read_text()))
+    save_file({"w": np.zeros((4, 4), dtype=np.float16)}, str(d / "model-00001-of-00004.safetensors"))
+    spec = load_spec(d)  # 1 of 4 shards, no index: 32 bytes would be a tiny model
+    assert spec.weights_source == "arithmetic" and spec.weight_bytes == spec.arithmetic_bytes
+    assert any("3 weight file(s) of the checkpoint are not on disk (model-00002-of-00004.safetensors" in n
+               for n in spec.notes)
+    _index(d, None, tuple(f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)))  # an index without total_size
+    assert load_spec(d).weights_source == "arithmetic"
+
+
+@pytest.mark.parametrize("index", ["[1, 2]", '{"metadata": {"total_size": "801 GB"}}', '{"metadata": null}', "{nope"])
+def test_an_index_that_states_no_usable_total_is_not_trusted(tmp_path: Path, index: str) -> None:
+    d = _dir(tmp_path, MAVERICK)
+    (d / "model.safetensors.index.json").write_text(index)
+    spec = load_spec(d)
+    assert spec.weights_source == "arithmetic" and spec.weight_bytes == spec.arithmetic_bytes
+
+
+def test_a_config_value_the_arithmetic_cannot_read_is_a_spec_error(tmp_path: Path) -> None:
+    from gateway.planning import SpecError
+
+    d = _dir(tmp_path, {**MAVERICK, "text_config": {**MAVERICK["text_config"], "interleave_moe_layer_step": "two"}})
+    with pytest.raises(SpecError, match="the layer arithmetic cannot read this config"):
+        load_spec(d)
