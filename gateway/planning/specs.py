@@ -94,7 +94,8 @@ class ModelSpec(BaseModel):
     sliding_layers: int = 0
     """Layers whose KV cache holds only the last `sliding_window` tokens."""
     ssm_layers: int = 0
-    """Layers with a fixed-size recurrent state and no per-token KV cache."""
+    """Layers with no per-token KV cache: SSM and linear attention (a fixed-size recurrent state), and
+    Nemotron-H's MLP-only blocks."""
     mtp_layers: int = 0
     """Multi-token-prediction layers the checkpoint ships (config `num_nextn_predict_layers`): speculation's drafter."""
     notes: tuple[str, ...] = ()

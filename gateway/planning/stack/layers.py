@@ -5,7 +5,8 @@ Conventions read, each as its model's code in transformers / vLLM applies it (la
           (RoPE layers attend in chunks of `attention_chunk_size`, every `no_rope_layer_interval`-th is
           global); Qwen3-Next `full_attention_interval`; Jamba `attn_layer_period` / `attn_layer_offset`
           (the rest Mamba); Gemma 2 (even layers slide), Gemma 3 `sliding_window_pattern`, Qwen2
-          `max_window_layers`, Mistral / Mixtral (all slide).
+          `max_window_layers`, Mistral / Mixtral (all slide); Nemotron-H `hybrid_override_pattern`
+          (one block per character: M Mamba-2, * attention, - MLP, E experts).
   MLP:    an explicit `moe_layers` list; Llama 4 `interleave_moe_layer_step`; Jamba
           `expert_layer_period` / `expert_layer_offset`; DeepSeek `first_k_dense_replace` +
           `moe_layer_freq`; ERNIE 4.5 `moe_layer_start_index` / `_end_index` / `_interval`; Qwen MoE
@@ -17,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Mixer = Literal["attention", "sliding", "linear_attention", "mamba"]
-Mlp = Literal["dense", "moe"]
+Mixer = Literal["attention", "sliding", "linear_attention", "mamba", "none"]
+Mlp = Literal["dense", "moe", "none"]
+"""`none`: Nemotron-H's blocks are each one of a Mamba-2 mixer, attention, an MLP or experts."""
 
 LINEAR = frozenset({"linear_attention", "gated_deltanet", "lightning_attention"})
 SSM = frozenset({"mamba", "mamba2", "ssm", "recurrent", "conv"})
@@ -48,8 +50,8 @@ class Stack:
 
     @property
     def recurrent(self) -> int:
-        """Layers with a fixed-size state and no per-token KV (linear attention and SSM)."""
-        return sum(1 for layer in self.layers if layer.mixer in ("linear_attention", "mamba"))
+        """Layers with no per-token KV: linear attention and SSM (a fixed-size state), MLP-only blocks."""
+        return sum(1 for layer in self.layers if layer.mixer in ("linear_attention", "mamba", "none"))
 
     @property
     def moe(self) -> int:
@@ -154,9 +156,35 @@ def _shared_size(c: dict[str, Any], expert: int) -> int:
     return 0
 
 
+PATTERN: dict[str, tuple[Mixer, Mlp]] = {"M": ("mamba", "none"), "*": ("attention", "none"), "-": ("none", "dense"),
+                                         "E": ("none", "moe")}
+
+
+def _pattern(c: dict[str, Any], pattern: str) -> Stack:
+    unknown = sorted(set(pattern) - set(PATTERN))
+    if unknown:
+        raise ValueError(f"hybrid_override_pattern has block types {unknown} the planner does not know")
+    n_exp = experts(c)
+    dense = _int(c, "intermediate_size")
+    expert = _int(c, "moe_intermediate_size", "intermediate_size")
+    shared = _int(c, "moe_shared_expert_intermediate_size") or _shared_size(c, expert)
+    layers = []
+    for ch in pattern:
+        mixer, mlp = PATTERN[ch]
+        size = expert if mlp == "moe" else dense if mlp == "dense" else 0
+        layers.append(Layer(mixer, mlp, size, shared if mlp == "moe" else 0))
+    used = _int(c, "num_experts_per_tok", "moe_k") or 1
+    return Stack(tuple(layers), experts=n_exp if "E" in pattern else 0, experts_used=used if "E" in pattern else 0)
+
+
 def layer_list(c: dict[str, Any]) -> Stack:
     """The decoder stack of a text config (a multimodal config's `text_config` merged in already)."""
     n = int(c["num_hidden_layers"])
+    pattern = c.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        if len(pattern) != n:
+            raise ValueError(f"hybrid_override_pattern has {len(pattern)} blocks, num_hidden_layers {n}")
+        return _pattern(c, pattern)
     mixers, window = _mixers(c, n)
     n_exp = experts(c)
     dense = _int(c, "intermediate_size_mlp", "intermediate_size", "ffn_dim", "n_inner")

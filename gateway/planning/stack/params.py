@@ -10,9 +10,9 @@ Gated DeltaNet:    hidden x (2 x key_dim + 2 x value_dim) (q, k, v, z) + hidden 
                    linear_num_key_heads x linear_key_head_dim, value_dim likewise
 Mamba (Jamba):     d_inner = expand x hidden: hidden x 2 d_inner (in) + d_inner x d_conv (conv) + d_inner x
                    (dt_rank + 2 d_state) (x) + dt_rank x d_inner (dt) + d_inner x d_state (A) + d_inner x hidden
-Mamba-2:           hidden x (2 d_inner + 2 groups x d_state + heads) (in) + conv (d_inner + 2 groups x d_state)
+Mamba-2:           d_inner = heads x head dim: hidden x (2 d_inner + 2 groups x d_state + heads) (in) + conv (d_inner + 2 groups x d_state)
                    x d_conv + d_inner x hidden (out)
-gated MLP:         3 x hidden x intermediate; an MoE layer holds `experts` of them + the shared expert(s)
+gated MLP:         3 x hidden x intermediate (2 x for Nemotron-H's ungated `mlp_hidden_act`); an MoE layer holds `experts` of them + the shared expert(s)
                    + the router (hidden x experts), and reads `experts_used` + the shared per token
 Norms and biases are left out (well under 0.1 % of any model here). Multi-token-prediction layers
 (DeepSeek's `num_nextn_predict_layers`) are not in the total, as the published totals leave them out;
@@ -26,6 +26,10 @@ from typing import Any
 
 from gateway.planning.stack.layers import Layer, Stack, layer_list
 from gateway.planning.stack.vision import vision_params
+
+
+UNGATED = frozenset({"relu2", "relu", "gelu_new"})
+"""`mlp_hidden_act` of MLPs with an up and a down projection only (Nemotron-H's squared ReLU)."""
 
 
 @dataclass(frozen=True)
@@ -80,10 +84,12 @@ def _mamba(c: dict[str, Any]) -> int:
     expand = int(c.get("mamba_expand") or c.get("expand") or 2)
     d_state = int(c.get("mamba_d_state") or c.get("ssm_state_size") or c.get("state_size") or 16)
     d_conv = int(c.get("mamba_d_conv") or c.get("conv_kernel") or 4)
-    if c.get("mamba_n_heads") or c.get("mamba_d_head"):  # Mamba-2 (Bamba, Granite 4, Nemotron-H)
-        n_heads = int(c.get("mamba_n_heads") or expand * h // int(c["mamba_d_head"]))
-        inner = n_heads * int(c.get("mamba_d_head") or expand * h // n_heads)
-        groups = int(c.get("mamba_n_groups") or 1)
+    heads = c.get("mamba_n_heads") or c.get("mamba_num_heads")
+    head_dim = c.get("mamba_d_head") or c.get("mamba_head_dim")
+    if heads or head_dim:  # Mamba-2 (Bamba, Granite 4: mamba_n_heads ...; Nemotron-H: mamba_num_heads ...)
+        n_heads = int(heads or expand * h // int(head_dim))
+        inner = n_heads * int(head_dim or expand * h // n_heads)
+        groups = int(c.get("mamba_n_groups") or c.get("n_groups") or 1)
         return h * (2 * inner + 2 * groups * d_state + n_heads) + (inner + 2 * groups * d_state) * d_conv + inner * h
     inner = expand * h
     rank = c.get("mamba_dt_rank") or c.get("time_step_rank") or "auto"
@@ -92,6 +98,8 @@ def _mamba(c: dict[str, Any]) -> int:
 
 
 def _mixer(c: dict[str, Any], layer: Layer, attention: int) -> int:
+    if layer.mixer == "none":
+        return 0
     if layer.mixer == "linear_attention":
         return _linear_attention(c)
     if layer.mixer == "mamba":
@@ -111,13 +119,16 @@ def count(c: dict[str, Any], vision_config: dict[str, Any] | None = None) -> Par
     total = active = embed
     routed = 0
     last = 0
+    mats = 2 if str(c.get("mlp_hidden_act", "")).lower() in UNGATED else 3
     for layer in stack.layers:
         mixer = _mixer(c, layer, attention)
-        if layer.mlp == "dense":
-            mlp = mlp_active = 3 * h * layer.mlp_size
+        if layer.mlp == "none":
+            mlp = mlp_active = 0
+        elif layer.mlp == "dense":
+            mlp = mlp_active = mats * h * layer.mlp_size
         else:
-            expert = 3 * h * layer.mlp_size
-            shared = 3 * h * layer.shared_size
+            expert = mats * h * layer.mlp_size
+            shared = mats * h * layer.shared_size
             router = h * stack.experts
             mlp = stack.experts * expert + shared + router
             mlp_active = stack.experts_used * expert + shared + router

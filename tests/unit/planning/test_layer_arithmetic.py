@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +36,7 @@ PUBLISHED = [
     # "A3B" names the activated count rounded: 3.9B with embeddings and lm_head, 3.2B without; the card's "3B"
     # is not precise enough to hold a count to 3 %, so only the total is checked
     Published("qwen3-next-80b-a3b", 80e9, None, "Qwen3-Next card: 80B total, 3B activated"),
+    Published("qwen2.5-vl-7b", 8.29e9, None, "Qwen2.5-VL-7B-Instruct checkpoint: 8.29B (7.6B language model + ViT)"),
     Published("mixtral-8x7b", 46.7e9, 12.9e9, "Mixtral paper: 47B total (46.7B), 13B active (12.9B)"),
     Published("llama-3-8b", 8.03e9, 8.03e9, "Llama 3 8B: 8.03B"),
     Published("qwen3-30b-a3b", 30.5e9, 3.3e9, "Qwen3-30B-A3B card: 30.5B total, 3.3B activated"),
@@ -81,6 +83,15 @@ def test_llama_4_maverick_counted_by_hand() -> None:
     assert spec.params_active == 2 * v * h + 48 * attention + 24 * (2 * expert + h * 128) + 24 * dense
     assert 0.8e9 < spec.vision_params < 1.0e9  # 34 ViT layers of 1408 + the pixel-shuffle projector
     assert (spec.family, spec.moe_layers, spec.experts, spec.experts_used) == ("multimodal", 24, 128, 1)
+
+
+def test_qwen_vl_vision_tower_is_in_the_total_not_the_active() -> None:
+    spec = load_spec(MODELS / "qwen2.5-vl-7b")
+    vit = 32 * (4 * 1280 * 1280 + 3 * 1280 * 3420)  # gated (SiLU) MLP
+    merger = (4 * 1280) ** 2 + 4 * 1280 * 3584
+    patches = 3 * 14 * 14 * 2 * 1280
+    assert spec.vision_params == vit + merger + patches
+    assert spec.params_total == (spec.params_active or 0) + spec.vision_params and spec.family == "multimodal"
 
 
 def test_jamba_attention_and_experts_by_period_and_offset() -> None:
@@ -200,3 +211,36 @@ def test_spec_fields_round_trip_with_the_new_figures() -> None:
     assert ModelSpec.model_validate_json(spec.model_dump_json()) == spec
     old = spec.model_dump(exclude={"weights_source"})
     assert ModelSpec.model_validate({**old, "file_bytes": 10}).weights_source == "file_sizes"  # specs written before
+
+
+NEMOTRON_H = {"model_type": "nemotron_h", "hidden_size": 256, "num_hidden_layers": 8, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1000, "intermediate_size": 1024,
+              "mlp_hidden_act": "relu2", "hybrid_override_pattern": "M-M*-M-", "mamba_num_heads": 16,
+              "mamba_head_dim": 32, "ssm_state_size": 64, "n_groups": 2, "conv_kernel": 4,
+              "tie_word_embeddings": False}
+
+
+def test_nemotron_h_blocks_are_each_one_kind() -> None:
+    stack = layer_list({**NEMOTRON_H, "hybrid_override_pattern": "M-M*-M-E"})
+    assert [(layer.mixer, layer.mlp) for layer in stack.layers[:4]] == [
+        ("mamba", "none"), ("none", "dense"), ("mamba", "none"), ("attention", "none")]
+    assert stack.recurrent == 7  # every block but the attention one holds no per-token KV
+    h, inner, groups, state = 256, 16 * 32, 2, 64
+    mamba2 = h * (2 * inner + 2 * groups * state + 16) + (inner + 2 * groups * state) * 4 + inner * h
+    attention = h * 8 * 32 * 2 + 2 * h * 2 * 32
+    mlp = 2 * h * 1024  # squared ReLU: up and down only
+    cfg = {**NEMOTRON_H, "num_hidden_layers": 7}
+    assert count(cfg).total == 2 * 1000 * h + 3 * mamba2 + attention + 3 * mlp
+    with pytest.raises(ValueError, match="7 blocks, num_hidden_layers 8"):
+        layer_list(NEMOTRON_H)
+    with pytest.raises(ValueError, match=r"block types \['\?'\]"):
+        layer_list({**cfg, "hybrid_override_pattern": "M-M*-M?"})
+
+
+def test_nemotron_h_kv_counts_its_attention_blocks_only(tmp_path: Path) -> None:
+    d = tmp_path / "nemotron-h"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**NEMOTRON_H, "num_hidden_layers": 7, "torch_dtype": "bfloat16"}))
+    spec = load_spec(d)
+    assert (spec.family, spec.ssm_layers) == ("hybrid", 6)
+    assert kv_bytes_per_token(spec) == (1 * 2 * 2 * 32 * 2, 0)
