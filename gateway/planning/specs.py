@@ -385,7 +385,7 @@ def load_hf_dir(path: Path) -> ModelSpec:
     bpw = quant.bits if quant else BITS_PER_WEIGHT.get(fmt)
     kept = 0
     if quant is not None and quant.scope == "linear":
-        kept = params.embeddings
+        kept = params.embeddings + params.vision  # the quantisers leave the vision tower at 16 bits too
     elif quant is not None and quant.scope == "experts":
         kept = params.total - params.experts
     stated, stated_notes = stated_bytes(path)

@@ -244,3 +244,14 @@ def test_nemotron_h_kv_counts_its_attention_blocks_only(tmp_path: Path) -> None:
     spec = load_spec(d)
     assert (spec.family, spec.ssm_layers) == ("hybrid", 6)
     assert kv_bytes_per_token(spec) == (1 * 2 * 2 * 32 * 2, 0)
+
+
+def test_a_quantised_multimodal_checkpoint_keeps_its_vision_tower_at_16_bits(tmp_path: Path) -> None:
+    cfg = json.loads((MODELS / "qwen2.5-vl-7b" / "config.json").read_text())
+    d = tmp_path / "awq"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "awq", "bits": 4,
+                                                                               "group_size": 128}}))
+    spec = load_spec(d)
+    embeddings = 2 * 152064 * 3584
+    assert spec.unquantized_params == embeddings + spec.vision_params
