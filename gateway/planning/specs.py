@@ -277,8 +277,8 @@ def _gguf_sliding(arch: str, layers: int | None, window: int | None, pattern: An
     """(window, sliding layers): the per-layer pattern where the file has one, else llama.cpp's per-architecture rule."""
     if not layers:
         return None, 0
-    if arch == "llama4":  # llama.cpp: chunked attention of 8192 tokens in three layers of four
-        return window or 8192, layers - layers // 4
+    if arch == "llama4":  # llama.cpp: chunked attention of 8192 tokens in three layers of four, unless sliding_window 0
+        return (None, 0) if window == 0 else (8192, layers - layers // 4)
     if not window:
         return None, 0
     if isinstance(pattern, list):

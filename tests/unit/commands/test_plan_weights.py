@@ -37,6 +37,8 @@ def test_maverick_bf16_weights_are_2_bytes_per_published_parameter_and_fit_8_h20
     assert run(argv) == 0
     text = capsys.readouterr().out
     assert f"weights  {weights / 1e9:.1f} GB from config.json arithmetic" in text
+    assert "params   401.6B total, 17.2B active per token; 24 of 48 layers hold 128 experts (1 routed per token); " \
+           "36 of 48 layers keep 8192 tokens of KV; vision tower and projector 871M" in text
 
 
 def test_maverick_does_not_fit_8_h100_and_the_figures_say_by_how_much(

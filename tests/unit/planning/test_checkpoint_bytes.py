@@ -190,6 +190,8 @@ def test_gguf_interleaved_experts_are_counted_from_the_tensor_table(tmp_path: Pa
     assert spec.params_total == total and spec.params_active == total - routed + routed // experts
     assert (spec.weights_source, spec.moe_layers, spec.family) == ("gguf", 2, "moe")
     assert (spec.sliding_layers, spec.sliding_window) == (3, 8192)  # llama.cpp: chunked attention, 3 of 4
+    no_chunks = _gguf(tmp_path / "llama4-no-chunks.gguf", "llama4", {**fields, "attention.sliding_window": 0}, tensors)
+    assert (load_spec(no_chunks).sliding_layers, load_spec(no_chunks).sliding_window) == (0, None)
 
 
 def test_gguf_blocks_without_attention_tensors_are_recurrent(tmp_path: Path) -> None:
