@@ -42,7 +42,7 @@ def params_line(spec: ModelSpec) -> str | None:
         held = f"{spec.moe_layers} of {layers} layers" if spec.moe_layers and spec.moe_layers < layers else "every layer"
         parts.append(f"{held} hold {spec.experts} experts ({spec.experts_used or '?'} routed per token)")
     if spec.ssm_layers:
-        parts.append(f"{spec.ssm_layers} of {layers} layers recurrent (linear attention / SSM: no KV)")
+        parts.append(f"{spec.ssm_layers} of {layers} layers hold no per-token KV (linear attention, SSM, cross-attention)")
     if spec.sliding_layers:
         parts.append(f"{spec.sliding_layers} of {layers} layers keep {spec.sliding_window} tokens of KV")
     if spec.vision_params:

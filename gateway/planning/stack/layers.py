@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Mixer = Literal["attention", "sliding", "linear_attention", "mamba", "none"]
+Mixer = Literal["attention", "sliding", "linear_attention", "mamba", "cross_attention", "none"]
 Mlp = Literal["dense", "moe", "none"]
-"""`none`: Nemotron-H's blocks are each one of a Mamba-2 mixer, attention, an MLP or experts."""
+"""`none`: Nemotron-H's blocks are each one of a Mamba-2 mixer, attention, an MLP or experts.
+`cross_attention`: Llama 3.2 Vision's layers that attend to the image: their KV is the image's, not per token."""
 
 LINEAR = frozenset({"linear_attention", "gated_deltanet", "lightning_attention"})
 SSM = frozenset({"mamba", "mamba2", "ssm", "recurrent", "conv"})
@@ -50,8 +51,9 @@ class Stack:
 
     @property
     def recurrent(self) -> int:
-        """Layers with no per-token KV: linear attention and SSM (a fixed-size state), MLP-only blocks."""
-        return sum(1 for layer in self.layers if layer.mixer in ("linear_attention", "mamba", "none"))
+        """Layers with no per-token KV: linear attention and SSM (a fixed-size state), MLP-only blocks,
+        cross-attention to the image."""
+        return sum(1 for layer in self.layers if layer.mixer in ("linear_attention", "mamba", "none", "cross_attention"))
 
     @property
     def moe(self) -> int:
@@ -97,6 +99,9 @@ def _mixers(c: dict[str, Any], n: int) -> tuple[list[Mixer], int | None]:
             interval = _int(c, "no_rope_layer_interval") or 4
             rope = [int((i + 1) % interval != 0) for i in range(n)]
         return ["sliding" if rope[i] else "attention" for i in range(n)], int(c["attention_chunk_size"])
+    cross = c.get("cross_attention_layers")
+    if isinstance(cross, list) and cross:  # Llama 3.2 Vision (mllama)
+        return ["cross_attention" if i in cross else "attention" for i in range(n)], None
     if c.get("full_attention_interval"):
         k = int(c["full_attention_interval"])
         return ["attention" if (i + 1) % k == 0 else "linear_attention" for i in range(n)], None

@@ -4,7 +4,8 @@ A ViT encoder: layers x (4 x width^2 (q, k, v, o) + MLP: 2 x width x intermediat
 (SiLU) MLP), the patch embedding (channels x patch^2 x width, x temporal patch for video towers) and
 the position table ((image / patch)^2 x width); then the projector into the language model's width:
 Llama 4's pixel-shuffle MLP (width / ratio^2 -> projector_input_dim -> projector_output_dim) and linear
-into the text width, Qwen-VL's merger (spatial_merge_size^2 x width -> that -> out_hidden_size),
+into the text width, Llama 3.2 Vision's linear from `vision_output_dim` (its `num_global_layers` add to
+the encoder's), Qwen-VL's merger (spatial_merge_size^2 x width -> that -> out_hidden_size),
 otherwise a two-layer MLP (width -> text width -> text width, LLaVA's). Norms and biases are left out.
 The tower's share of a large model is small (Llama 4: about 0.9B of 109B / 400B): an estimate within
 a few percent of the tower is well within the 3 % the planner works to.
@@ -26,7 +27,7 @@ def _get(c: dict[str, Any], *keys: str) -> int:
 
 def vision_params(v: dict[str, Any], text_hidden: int) -> int:
     width = _get(v, "hidden_size", "embed_dim", "width")
-    layers = _get(v, "num_hidden_layers", "depth", "num_layers", "layers")
+    layers = _get(v, "num_hidden_layers", "depth", "num_layers", "layers") + _get(v, "num_global_layers")
     if not width or not layers:
         return 0
     ratio = v.get("mlp_ratio")
@@ -44,6 +45,8 @@ def vision_params(v: dict[str, Any], text_hidden: int) -> int:
         p_in = int(v["projector_input_dim"])
         p_out = _get(v, "projector_output_dim") or p_in
         projector = shuffled * p_in + p_in * p_out + _get(v, "vision_output_dim", "projector_output_dim") * text_hidden
+    elif v.get("vision_output_dim"):  # Llama 3.2 Vision: the tower's output (several layers' concatenated) -> text
+        projector = int(v["vision_output_dim"]) * text_hidden
     elif v.get("spatial_merge_size"):  # Qwen2-VL / Qwen2.5-VL merger
         merged = width * int(v["spatial_merge_size"]) ** 2
         projector = merged * merged + merged * out

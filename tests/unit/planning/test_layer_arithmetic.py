@@ -37,6 +37,7 @@ PUBLISHED = [
     # is not precise enough to hold a count to 3 %, so only the total is checked
     Published("qwen3-next-80b-a3b", 80e9, None, "Qwen3-Next card: 80B total, 3B activated"),
     Published("qwen2.5-vl-7b", 8.29e9, None, "Qwen2.5-VL-7B-Instruct checkpoint: 8.29B (7.6B language model + ViT)"),
+    Published("llama-3.2-11b-vision", 10.6e9, None, "Llama 3.2 Vision model card: 11B (10.6B)"),
     Published("mixtral-8x7b", 46.7e9, 12.9e9, "Mixtral paper: 47B total (46.7B), 13B active (12.9B)"),
     Published("llama-3-8b", 8.03e9, 8.03e9, "Llama 3 8B: 8.03B"),
     Published("qwen3-30b-a3b", 30.5e9, 3.3e9, "Qwen3-30B-A3B card: 30.5B total, 3.3B activated"),
@@ -92,6 +93,12 @@ def test_qwen_vl_vision_tower_is_in_the_total_not_the_active() -> None:
     patches = 3 * 14 * 14 * 2 * 1280
     assert spec.vision_params == vit + merger + patches
     assert spec.params_total == (spec.params_active or 0) + spec.vision_params and spec.family == "multimodal"
+
+
+def test_llama_3_2_vision_cross_attention_layers_hold_no_per_token_kv() -> None:
+    spec = load_spec(MODELS / "llama-3.2-11b-vision")
+    assert (spec.family, spec.ssm_layers) == ("multimodal", 8)
+    assert kv_bytes_per_token(spec) == (32 * 2 * 8 * 128 * 2, 0)  # the 32 self-attention layers
 
 
 def test_jamba_attention_and_experts_by_period_and_offset() -> None:
