@@ -30,6 +30,7 @@ PUBLISHED = [
     Published("llama-4-maverick", 400e9, 17e9, "Llama 4 model card: 17B active, 400B total (128 experts)"),
     Published("llama-4-scout", 109e9, 17e9, "Llama 4 model card: 17B active, 109B total (16 experts)"),
     Published("jamba-v0.1", 52e9, 12e9, "Jamba card and paper: 52B total, 12B active"),
+    Published("jamba-1.5-large", 398e9, 94e9, "Jamba 1.5 card: Large 398B total, 94B active (72 layers, 9 attend)"),
     Published("qwen1.5-moe-a2.7b", 14.3e9, 2.7e9, "Qwen1.5-MoE-A2.7B card: 14.3B total, 2.7B activated"),
     Published("qwen2-57b-a14b", 57e9, 14e9, "Qwen2 report: 57B total, 14B activated"),
     Published("deepseek-v3", 671e9, 37e9, "DeepSeek-V3 report: 671B total (MTP module not counted), 37B activated"),
