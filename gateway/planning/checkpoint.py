@@ -78,6 +78,11 @@ def safetensors_data_bytes(path: Path) -> int:
     return total
 
 
+def _inside(path: Path, name: str) -> bool:
+    """An index names files in its own directory: `../` or an absolute path is not a weight file."""
+    return not Path(name).is_absolute() and ".." not in Path(name).parts
+
+
 def _index_files(path: Path) -> tuple[int | None, list[Path], str | None]:
     """(total_size, the files the index names, a note) from the first index present."""
     for name in INDEXES:
@@ -87,7 +92,9 @@ def _index_files(path: Path) -> tuple[int | None, list[Path], str | None]:
         data = _json(index)
         if data is None:
             return None, [], f"{name} is not a JSON object: ignored"
-        files = [path / str(n) for n in sorted({str(v) for v in (data.get("weight_map") or {}).values()})]
+        weight_map = data.get("weight_map")
+        names = sorted({str(v) for v in weight_map.values()}) if isinstance(weight_map, dict) else []
+        files = [path / n for n in names if _inside(path, n)]
         meta = data.get("metadata")
         size = meta.get("total_size") if isinstance(meta, dict) else None
         if isinstance(size, (int, float)) and not isinstance(size, bool) and size > 0:

@@ -250,3 +250,12 @@ def test_a_config_value_the_arithmetic_cannot_read_is_a_spec_error(tmp_path: Pat
     d = _dir(tmp_path, {**MAVERICK, "text_config": {**MAVERICK["text_config"], "interleave_moe_layer_step": "two"}})
     with pytest.raises(SpecError, match="the layer arithmetic cannot read this config"):
         load_spec(d)
+
+
+def test_an_index_naming_files_outside_its_directory_is_not_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere.safetensors"
+    save_file({"w": np.zeros((64, 64), dtype=np.float16)}, str(outside))
+    d = _dir(tmp_path, json.loads((MODELS / "llama-3-8b" / "config.json").read_text()))
+    _index(d, None, ("../elsewhere.safetensors", str(outside)))
+    spec = load_spec(d)
+    assert spec.weights_source == "arithmetic" and spec.weight_bytes == spec.arithmetic_bytes
