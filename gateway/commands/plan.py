@@ -21,6 +21,7 @@ from gateway.planning import (
     load_workload,
     plan,
 )
+from gateway.planning.explain import params_line, weights_line
 from gateway.planning.measured import VariantResult
 from gateway.planning.workload import validation_message
 from gateway.tuning import apply_tuning, lookup
@@ -54,8 +55,11 @@ def _figures(p: Plan) -> list[str]:
     c = p.capacity
     if c is None:
         return []
+    weights = weights_line(p.spec) if p.spec is not None else None
+    params = params_line(p.spec) if p.spec is not None else None
+    lines = ([f"weights  {weights}"] if weights else []) + ([f"params   {params}"] if params else [])
     usable = f"{c.usable_bytes / 1e9:.1f} GB usable" if c.memory_known else "memory size unknown"
-    lines = [
+    lines += [
         f"memory   {c.required_bytes / 1e9:.1f} GB needed ({c.kv_sizing} KV), {usable} in {c.memory}"
         + (f" x {c.replicas} replicas" if c.replicas > 1 else "")
     ]

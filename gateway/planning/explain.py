@@ -6,6 +6,7 @@ from __future__ import annotations
 from adapters import registry
 from gateway.hardware import HardwareSnapshot
 from gateway.planning.capacity import Capacity
+from gateway.planning.checkpoint import SOURCE_TEXT
 from gateway.planning.options import Layout
 from gateway.planning.pools import GPU_MEMORY_FRACTION, fast_pools, host_gpus, system_pool
 from gateway.planning.specs import ModelSpec
@@ -14,6 +15,39 @@ from gateway.planning.workload import Workload
 
 def gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def weights_line(spec: ModelSpec) -> str | None:
+    """The weights' size, where it comes from, and the arithmetic beside a checkpoint's own figure."""
+    if spec.weight_bytes is None:
+        return None
+    arithmetic = spec.arithmetic_bytes
+    beside = f" (config arithmetic: {gb(arithmetic)})" if arithmetic and spec.weights_source != "arithmetic" else ""
+    return f"{gb(spec.weight_bytes)} from {SOURCE_TEXT[spec.weights_source]}{beside}"
+
+
+def _b(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def params_line(spec: ModelSpec) -> str | None:
+    """Parameters, active ones, and the layer list behind them: the experts' layers, recurrent, sliding, vision."""
+    if not spec.params_total:
+        return None
+    parts = [f"{_b(spec.params_total)} total"]
+    if spec.params_active and spec.params_active != spec.params_total:
+        parts[0] += f", {_b(spec.params_active)} active per token"
+    layers = spec.layers or 0
+    if spec.experts:
+        held = f"{spec.moe_layers} of {layers} layers" if spec.moe_layers and spec.moe_layers < layers else "every layer"
+        parts.append(f"{held} hold {spec.experts} experts ({spec.experts_used or '?'} routed per token)")
+    if spec.ssm_layers:
+        parts.append(f"{spec.ssm_layers} of {layers} layers hold no per-token KV (linear attention, SSM, cross-attention)")
+    if spec.sliding_layers:
+        parts.append(f"{spec.sliding_layers} of {layers} layers keep {spec.sliding_window} tokens of KV")
+    if spec.vision_params:
+        parts.append(f"vision tower and projector {_b(spec.vision_params)}")
+    return "; ".join(parts)
 
 
 def explain(

@@ -379,6 +379,8 @@ def _plan(
     reasons: list[str] = []
     warnings: list[str] = []
     assumed = host_unknowns(snapshot) + model_unknowns(spec)
+    if spec.weights_check:
+        warnings.append(spec.weights_check)
     typical = w.prompt_tokens + w.output_tokens
     pools = fast_pools(snapshot)
 

@@ -1,7 +1,9 @@
 """Model specs: what the model's own files say (GGUF metadata, config.json, quant configs).
 
-Nothing is downloaded. Parameter counts come from the GGUF tensor table, or are computed
-from config.json with the formulas in `_hf_params` when the weights are not on disk.
+Nothing is downloaded. Parameter counts come from the GGUF tensor table, or are counted layer
+by layer from config.json (gateway/planning/stack). Weight bytes are the checkpoint's own word
+where it has one (gateway/planning/checkpoint.py: the index's total_size, the safetensors headers,
+the GGUF's tensor table), else the arithmetic: parameters x bits per weight.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
+from gateway.planning.checkpoint import WeightsSource, disagreement, stated_bytes
 from gateway.planning.gguf_meta import GgufFormatError, GgufMeta, read_gguf_meta
 from gateway.planning.quant import Quant, read_quant
+from gateway.planning.stack import count
 
 Format = Literal[
     "gguf",
@@ -57,10 +61,21 @@ class ModelSpec(BaseModel):
     unquantized_params: int = 0
     """Parameters a quantised checkpoint keeps at 16 bits: embeddings and lm_head (MXFP4: all but the experts)."""
     file_bytes: int | None = None
-    """Bytes of weight files on disk; null when only a config was read."""
+    """Weight bytes the checkpoint states (`weights_source`); null when only a config was read."""
+    weights_source: WeightsSource = "arithmetic"
+    """Where `weight_bytes` comes from: index (model.safetensors.index.json metadata.total_size),
+    safetensors_headers, gguf (the GGUF files, whose tensor table gives the parameters), file_sizes
+    (.bin files, unreadable headers), or arithmetic (parameters x bits per weight)."""
+    arithmetic_bytes: int | None = None
+    """The weights as config.json's layer arithmetic counts them: the fallback and the cross-check."""
+    weights_check: str | None = None
+    """The warning when the checkpoint's figure and the arithmetic differ by more than 3 %."""
     params_total: int | None = None
     params_active: int | None = None
     """Parameters read per token: all of them for dense, routed-in experts only for MoE."""
+    vision_params: int = 0
+    """The vision tower and projector (a multimodal config's vision_config, a llama.cpp mmproj file):
+    in params_total, not in params_active."""
     layers: int | None = None
     hidden_size: int | None = None
     attention_heads: int | None = None
@@ -73,15 +88,26 @@ class ModelSpec(BaseModel):
     """Trained context length."""
     experts: int | None = None
     experts_used: int | None = None
+    moe_layers: int = 0
+    """Layers that hold the experts (the others have a dense MLP)."""
     sliding_window: int | None = None
     sliding_layers: int = 0
     """Layers whose KV cache holds only the last `sliding_window` tokens."""
     ssm_layers: int = 0
-    """Layers with a fixed-size recurrent state and no per-token KV cache."""
+    """Layers with no per-token KV cache: SSM and linear attention (a fixed-size recurrent state), and
+    Nemotron-H's MLP-only blocks."""
     mtp_layers: int = 0
     """Multi-token-prediction layers the checkpoint ships (config `num_nextn_predict_layers`): speculation's drafter."""
     notes: tuple[str, ...] = ()
     """What the files did not say and what was assumed instead."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _source_of_older_specs(cls, data: Any) -> Any:
+        """A spec JSON written before `weights_source` existed: file sizes when it has file_bytes."""
+        if isinstance(data, dict) and "weights_source" not in data and data.get("file_bytes") is not None:
+            return {**data, "weights_source": "file_sizes"}
+        return data
 
     @property
     def weight_bytes(self) -> int | None:
@@ -178,18 +204,32 @@ def load_gguf(path: Path) -> ModelSpec:
     if experts and experts_used:
         expert_params = sum(t.n_elements for t in meta.tensors if "_exps." in t.name)
         active = total - expert_params + expert_params * experts_used // experts
-    window = get("attention.sliding_window")
+    blocks = _gguf_blocks(meta)
+    ssm_layers = max(ssm_layers, blocks.recurrent)
+    window, sliding = _gguf_sliding(str(arch), layers, get("attention.sliding_window"),
+                                    get("attention.sliding_window_pattern"))
+    projector = _projector(path)
+    vision = 0
+    file_bytes = sum(p.stat().st_size for p in shards)
+    notes: list[str] = []
+    if projector is not None:
+        vision = sum(t.n_elements for t in _read_shards([projector]).tensors)
+        file_bytes += projector.stat().st_size
+        notes.append(f"the projector {projector.name} beside the model is counted ({vision / 1e9:.2f}B parameters, "
+                     f"{projector.stat().st_size / 1e9:.2f} GB): llama-server loads it with --mmproj")
     return ModelSpec(
         path=str(path),
         format="gguf",
         name=meta.fields.get("general.name"),
         architecture=str(arch),
-        family="hybrid" if ssm_layers else "moe" if experts else "dense",
+        family="multimodal" if projector else "hybrid" if ssm_layers else "moe" if experts else "dense",
         quantization=quant,
         bits_per_weight=round(data_bytes * 8 / total, 3) if total else None,
-        file_bytes=sum(p.stat().st_size for p in shards),
-        params_total=total or None,
+        file_bytes=file_bytes,
+        weights_source="gguf",
+        params_total=(total + vision) or None,
         params_active=active or None,
+        vision_params=vision,
         layers=layers,
         hidden_size=hidden,
         attention_heads=heads,
@@ -198,23 +238,68 @@ def load_gguf(path: Path) -> ModelSpec:
         context_length=get("context_length"),
         experts=experts,
         experts_used=experts_used,
+        moe_layers=blocks.moe,
         attention="mla" if kv_lora else "gqa",
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=get("rope.dimension_count") if kv_lora else None,
-        sliding_window=window,
-        sliding_layers=_gguf_sliding_layers(str(arch), layers, window),
+        sliding_window=window if sliding else None,
+        sliding_layers=sliding,
         ssm_layers=ssm_layers,
+        notes=tuple(notes),
     )
 
 
-def _gguf_sliding_layers(arch: str, layers: int | None, window: int | None) -> int:
-    if not window or not layers:
-        return 0
+BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+ATTENTION_TENSORS = ("attn_k.", "attn_qkv.", "attn_kv_a_mqa.", "attn_k_b.")
+"""A block holding one of these attends (GQA, fused QKV, MLA); the others are recurrent (SSM, linear)."""
+
+
+@dataclass(frozen=True)
+class _Blocks:
+    recurrent: int
+    moe: int
+
+
+def _gguf_blocks(meta: GgufMeta) -> _Blocks:
+    """The layer list as the tensor table gives it: which blocks attend, which hold experts (`*_exps`)."""
+    names: dict[int, list[str]] = {}
+    for t in meta.tensors:
+        m = BLOCK.match(t.name)
+        if m:
+            names.setdefault(int(m.group(1)), []).append(m.group(2))
+    attends = {i for i, ns in names.items() if any(n.startswith(ATTENTION_TENSORS) for n in ns)}
+    recurrent = len(names) - len(attends) if attends else 0  # no known attention tensor at all: names unknown
+    moe = sum(1 for ns in names.values() if any("_exps." in n for n in ns))
+    return _Blocks(recurrent, moe)
+
+
+def _gguf_sliding(arch: str, layers: int | None, window: int | None, pattern: Any) -> tuple[int | None, int]:
+    """(window, sliding layers): the per-layer pattern where the file has one, else llama.cpp's per-architecture rule."""
+    if not layers:
+        return None, 0
+    if arch == "llama4":  # llama.cpp: chunked attention of 8192 tokens in three layers of four, unless sliding_window 0
+        return (None, 0) if window == 0 else (8192, layers - layers // 4)
+    if not window:
+        return None, 0
+    if isinstance(pattern, list):
+        return window, sum(1 for x in pattern[:layers] if x)
+    if isinstance(pattern, int) and pattern > 1:
+        return window, layers - layers // pattern
     if arch == "gemma2":
-        return layers // 2  # alternating local and global layers
+        return window, layers // 2  # alternating local and global layers
     if arch == "gemma3":
-        return layers - layers // 6  # five local layers to each global one
-    return 0
+        return window, layers - layers // 6  # five local layers to each global one
+    return window, 0
+
+
+def _is_projector(path: Path) -> bool:
+    return "mmproj" in path.name.lower()
+
+
+def _projector(model: Path) -> Path | None:
+    """The one llama.cpp multimodal projector (mmproj*.gguf) beside the model, if there is exactly one."""
+    found = [p for p in model.parent.glob("*.gguf") if _is_projector(p) and p != model]
+    return found[0] if len(found) == 1 else None
 
 
 # ---------------------------------------------------------------- Hugging Face directories
@@ -248,86 +333,6 @@ def _kv_heads(c: dict[str, Any], heads: int) -> tuple[int, str | None]:
     )
 
 
-@dataclass(frozen=True)
-class Params:
-    total: int
-    active: int
-    embeddings: int
-    """Input embeddings and lm_head (once when tied)."""
-    experts: int
-    """Routed-expert parameters (all experts, all MoE layers)."""
-
-
-def _hf_params(c: dict[str, Any]) -> Params:
-    """Parameters of a decoder-only transformer from its config.json.
-
-    embeddings: vocab x hidden, doubled unless tie_word_embeddings
-    attention (GQA): hidden x heads x head_dim (q) + 2 x hidden x kv_heads x head_dim (k, v)
-                     + heads x head_dim x hidden (o)
-    attention (MLA): hidden x q_lora + q_lora x heads x (nope + rope)     (q, or hidden x heads x (nope + rope))
-                     + hidden x (kv_lora + rope) + kv_lora x heads x (nope + v) + heads x v x hidden
-    gated MLP: 3 x hidden x intermediate; an MoE layer holds `experts` of them (+ shared), reads `used`
-    Norms and biases are left out (well under 0.1% of any model here).
-    """
-    h = int(c["hidden_size"])
-    layers = int(c["num_hidden_layers"])
-    heads = int(c["num_attention_heads"])
-    kv, _ = _kv_heads(c, heads)
-    hd = int(c.get("head_dim") or h // heads)
-    vocab = int(c["vocab_size"])
-    # transformers' default is model-specific: Gemma ties input and output embeddings
-    tied = c.get("tie_word_embeddings", str(c.get("model_type", "")).startswith("gemma"))
-    embed = vocab * h * (1 if tied else 2)
-    if c.get("kv_lora_rank"):
-        nope, rope, v = int(c["qk_nope_head_dim"]), int(c["qk_rope_head_dim"]), int(c["v_head_dim"])
-        qr = c.get("q_lora_rank")
-        q = h * int(qr) + int(qr) * heads * (nope + rope) if qr else h * heads * (nope + rope)
-        lora = int(c["kv_lora_rank"])
-        attn = q + h * (lora + rope) + lora * heads * (nope + v) + heads * v * h
-    else:
-        attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
-    dense_mlp = 3 * h * int(c.get("intermediate_size") or 0)
-    n_exp = _experts(c)
-    total = active = embed + layers * attn
-    if not n_exp:
-        return Params(total + layers * dense_mlp, active + layers * dense_mlp, embed, 0)
-    used = int(c.get("num_experts_per_tok") or c.get("num_experts_per_token") or 1)
-    expert = 3 * h * int(c.get("moe_intermediate_size") or c.get("intermediate_size") or 0)
-    shared = int(c.get("n_shared_experts") or 0)
-    dense_layers = int(c.get("first_k_dense_replace") or 0) + len(c.get("mlp_only_layers") or [])
-    moe_layers = layers - dense_layers
-    router = h * n_exp
-    total += dense_layers * dense_mlp + moe_layers * ((n_exp + shared) * expert + router)
-    active += dense_layers * dense_mlp + moe_layers * ((used + shared) * expert + router)
-    return Params(total, active, embed, moe_layers * n_exp * expert)
-
-
-def _experts(c: dict[str, Any]) -> int | None:
-    for key in ("n_routed_experts", "num_local_experts", "num_experts"):
-        if c.get(key):
-            return int(c[key])
-    return None
-
-
-def _layer_kinds(c: dict[str, Any]) -> tuple[int, int]:
-    """(sliding-window layers, SSM/linear-attention layers) from the config."""
-    layers = int(c["num_hidden_layers"])
-    types = c.get("layer_types")
-    if isinstance(types, list):
-        sliding = sum(1 for t in types if "sliding" in str(t))
-        ssm = sum(1 for t in types if str(t) in ("linear_attention", "mamba", "ssm", "recurrent"))
-        return sliding, ssm
-    if c.get("attn_layer_period"):  # Jamba: one attention layer per period, the rest Mamba
-        return 0, layers - layers // int(c["attn_layer_period"])
-    if c.get("sliding_window") and str(c.get("model_type", "")).startswith("gemma2"):
-        return layers // 2, 0  # Gemma 2 alternates local (sliding) and global layers
-    if c.get("sliding_window") and "max_window_layers" in c:  # Qwen2: SWA from max_window_layers on
-        return (max(0, layers - int(c["max_window_layers"])) if c.get("use_sliding_window") else 0), 0
-    if c.get("sliding_window") and str(c.get("model_type", "")) in ("mistral", "mixtral"):
-        return layers, 0
-    return 0, 0
-
-
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -338,24 +343,15 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _weight_files(path: Path) -> list[Path]:
-    """The files an engine loads: those the safetensors index names, else all .safetensors, else .bin.
-
-    Repositories often ship the same weights twice (consolidated.safetensors beside the sharded
-    model-0000N files, or .bin beside .safetensors); counting both would double the size.
-    """
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        names = set((_read_json(index).get("weight_map") or {}).values())
-        listed = [path / n for n in sorted(names) if (path / n).is_file()]
-        if listed:
-            return listed
-    safetensors = sorted(path.glob("*.safetensors"))
-    return safetensors or sorted(path.glob("*.bin"))
-
-
 SIDE_FILES = ("quantization_config.json", "quant_config.json", "hf_quant_config.json")
 """EXL3, AWQ and ModelOpt write their quantisation beside config.json."""
+
+
+def _arithmetic_bytes(params: int, kept: int, bits: float | None) -> int | None:
+    if bits is None:
+        return None
+    kept = min(kept, params)
+    return int((params - kept) * bits / 8 + kept * 2)
 
 
 def load_hf_dir(path: Path) -> ModelSpec:
@@ -372,22 +368,35 @@ def load_hf_dir(path: Path) -> ModelSpec:
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size") if k not in text]
     if missing:
         raise SpecError(f"{config_file}: missing {', '.join(missing)}")
-    params = _hf_params(text)
-    weights = _weight_files(path)
-    sliding, ssm = _layer_kinds(text)
-    experts = _experts(text)
+    vision = cfg.get("vision_config") if isinstance(cfg.get("vision_config"), dict) else None
+    try:
+        params = count(text, vision)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise SpecError(f"{config_file}: the layer arithmetic cannot read this config ({type(exc).__name__}: {exc})") from exc
+    stack = params.stack
+    assert stack is not None
     heads = int(text["num_attention_heads"])
     kv_heads, kv_note = _kv_heads(text, heads)
     mla = bool(text.get("kv_lora_rank"))
     if kv_note and not mla:
         notes.append(kv_note)
-    family: Family = "multimodal" if multimodal else "hybrid" if ssm else "moe" if experts else "dense"
+    ssm = stack.recurrent
+    family: Family = "multimodal" if multimodal else "hybrid" if ssm else "moe" if stack.experts else "dense"
     bpw = quant.bits if quant else BITS_PER_WEIGHT.get(fmt)
     kept = 0
     if quant is not None and quant.scope == "linear":
-        kept = params.embeddings
+        kept = params.embeddings + params.vision  # the quantisers leave the vision tower at 16 bits too
     elif quant is not None and quant.scope == "experts":
         kept = params.total - params.experts
+    stated, stated_notes = stated_bytes(path)
+    notes += stated_notes
+    arithmetic = _arithmetic_bytes(params.total, kept, bpw)
+    check = None
+    if stated is not None and arithmetic is not None:
+        with_mtp = _arithmetic_bytes(params.total + params.mtp, kept, bpw)
+        check = disagreement(stated.bytes, stated.source, arithmetic)
+        if check and with_mtp and disagreement(stated.bytes, stated.source, with_mtp) is None:
+            check = None  # the checkpoint ships the multi-token-prediction layer(s) too
     return ModelSpec(
         path=str(path),
         format=fmt,
@@ -397,9 +406,13 @@ def load_hf_dir(path: Path) -> ModelSpec:
         quantization=quant.label if quant else None,
         bits_per_weight=bpw,
         unquantized_params=kept,
-        file_bytes=sum(p.stat().st_size for p in weights) or None,
+        file_bytes=stated.bytes if stated is not None else None,
+        weights_source=stated.source if stated is not None else "arithmetic",
+        arithmetic_bytes=arithmetic,
+        weights_check=check,
         params_total=params.total,
         params_active=params.active,
+        vision_params=params.vision,
         layers=int(text["num_hidden_layers"]),
         hidden_size=int(text["hidden_size"]),
         attention_heads=heads,
@@ -409,10 +422,11 @@ def load_hf_dir(path: Path) -> ModelSpec:
         kv_lora_rank=text.get("kv_lora_rank"),
         qk_rope_head_dim=text.get("qk_rope_head_dim") if mla else None,
         context_length=text.get("max_position_embeddings"),
-        experts=experts,
-        experts_used=text.get("num_experts_per_tok") if experts else None,
-        sliding_window=text.get("sliding_window") if sliding else None,
-        sliding_layers=sliding,
+        experts=stack.experts or None,
+        experts_used=stack.experts_used or None,
+        moe_layers=stack.moe,
+        sliding_window=stack.window if stack.sliding else None,
+        sliding_layers=stack.sliding,
         ssm_layers=ssm,
         mtp_layers=int(text.get("num_nextn_predict_layers") or text.get("mtp_num_hidden_layers") or 0),
         notes=tuple(notes),
@@ -422,7 +436,7 @@ def load_hf_dir(path: Path) -> ModelSpec:
 def load_spec(path: Path) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
+        ggufs = [p for p in sorted(path.glob("*.gguf")) if not _is_projector(p)]
         models = {p for p in ggufs if SHARD.match(p.name) is None} | {
             p for p in ggufs if (m := SHARD.match(p.name)) and int(m.group("n")) == 1
         }
