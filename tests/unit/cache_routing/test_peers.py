@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from gateway.cache_routing.blocks import chain, prompt_text
-from gateway.cache_routing.peers import MAX_BLOCKS, Note, addressed, decode, encode, shared_name
+from gateway.cache_routing.peers import (
+    MAX_BLOCKS,
+    Note,
+    addressed,
+    decode,
+    encode,
+    shared_name,
+)
 from gateway.config import RoutingConfig
 from gateway.request_view import view_of
 from gateway.routing import Admission, Backend, Lease, Replica, RouteKey
@@ -95,7 +102,7 @@ def test_a_note_round_trips_and_names_one_replica() -> None:
     b'{"v": 1, "g": "g", "r": "u", "c": 32, "b": [1]}',  # cut in other blocks: other hashes
     b'{"v": 1, "g": "g", "r": "u", "c": 64, "b": [-1]}', b'{"v": 1, "g": "g", "r": "u", "c": 64, "b": [1.5]}',
     b'{"v": 1, "g": "g", "r": "u", "c": 64, "b": [true]}', b'{"v": 1, "g": "g", "r": "u", "c": 64, "b": "12"}',
-    ('{"v": 1, "g": "g", "r": "u", "c": 64, "b": [%s]}' % ",".join(["1"] * (MAX_BLOCKS + 1))).encode(),
+    b'{"v": 1, "g": "g", "r": "u", "c": 64, "b": [' + b",".join([b"1"] * (MAX_BLOCKS + 1)) + b"]}",
 ])
 def test_a_malformed_note_is_none(raw: bytes) -> None:
     assert decode(raw) is None
@@ -174,3 +181,17 @@ async def test_a_replica_down_moves_its_conversations_and_only_its() -> None:
     free = await busy(b, 1)
     assert (await b.send(conversation("Z", 1)))[0] == 0  # and a new conversation goes there again
     free()
+
+
+@pytest.mark.parametrize(("url", "ok"), [
+    ("redis://10.0.0.7:6379/0", True), ("rediss://:pw@r.example:6380/1", True), ("unix:///run/redis.sock", True),
+    ("http://10.0.0.7:6379", False), ("10.0.0.7:6379", False),
+])
+def test_cache_peers_is_a_redis_url(url: str, ok: bool) -> None:
+    from pydantic import ValidationError
+
+    if ok:
+        assert RoutingConfig(cache_peers=url).cache_peers == url
+    else:
+        with pytest.raises(ValidationError, match="cache_peers is a Redis URL"):
+            RoutingConfig(cache_peers=url)
