@@ -32,6 +32,7 @@ own venv (`--sglang-python`; `scripts/engine_venvs.sh sglang-router` makes it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -54,7 +55,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters.llama_server import find_llama_server  # noqa: E402
 from adapters.process import free_port  # noqa: E402
-from benchmarks.cache_routing_report import LEAST_OUTSTANDING, SGLANG, rotated, summarize, table  # noqa: E402
+from benchmarks.cache_routing_report import (  # noqa: E402
+    LEAST_OUTSTANDING,
+    ONE_GATEWAY,
+    SGLANG,
+    across_table,
+    rotated,
+    summarize,
+    table,
+)
 
 SGLANG_TUNED = "sglang_router_t0.7"
 SGLANG_ROUTERS: dict[str, list[str]] = {  # variant -> sglang-router flags beyond --policy cache_aware
@@ -76,6 +85,11 @@ GATEWAY_ROUTING: dict[str, dict[str, str]] = {  # variant -> the model's routing
     "cache": {"affinity": "cache"},
 }
 VARIANTS = (*GATEWAY_ROUTING, *SGLANG_ROUTERS)
+ACROSS: dict[str, tuple[int, bool]] = {  # variant -> (gateways, routing.cache_peers on)
+    ONE_GATEWAY: (1, False),
+    "two_gateways": (2, True),
+    "two_gateways_no_peers": (2, False),  # each gateway knows only what it placed (before cache_peers)
+}
 CLOSED_VARIANTS = ("cache", LEAST_OUTSTANDING)
 OPEN_LOOP_FLAGS = ("--arrival-rate", "--think-seconds", "--document-tokens")
 SGLANG_PYTHON = Path.home() / ".cache/enginegate/venvs/sglang-router/bin/python"
@@ -185,11 +199,12 @@ def _env() -> dict[str, str]:
 
 # --- one run ---------------------------------------------------------------------------------------
 
-def bench(url: str, workload: Workload, seed: int, report: Path) -> dict[str, Any]:
-    """`enginegate bench --sessions` against `url` (an OpenAI base URL); returns its only level."""
+def bench(url: str, workload: Workload, seed: int, report: Path, alternates: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`enginegate bench --sessions` against `url` (an OpenAI base URL; each session's turns alternate between it
+    and `alternates`); returns its only level."""
     cmd = [sys.executable, "-m", "gateway", "bench", "--base-url", url, "--model", MODEL, *workload.bench_args(bench_help()),
            "--seed", str(seed), "--warmup", "0", "--no-ceiling", "--no-progress", "--timeout", "900",
-           "--json", str(report)]
+           "--json", str(report), *(w for a in alternates for w in ("--alternate-url", a))]
     done = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"bench failed ({done.returncode}): {done.stderr[-3000:]}")
@@ -344,6 +359,78 @@ def run_sglang(variant: str, python: Path, extra: list[str], argv: list[str], wo
     return result(variant, level, sum(per_replica.values()), per_replica, wall)
 
 
+# --- across gateways: two gateway processes in front of the same two llama-servers -------------------
+
+def across_config(engines: Engines, urls: list[str], peers: str | None) -> str:
+    """A gateway in front of the llama-servers at `urls` (`engine: openai` replicas capped at their slots),
+    routing by cache; `peers`: the Redis URL of routing.cache_peers."""
+    first, *others = [{"base_url": u, "max_concurrency": engines.parallel} for u in urls]
+    routing: dict[str, Any] = {"affinity": "cache", **({"cache_peers": peers} if peers else {})}
+    return json.dumps({"models": [{"name": MODEL, "engine": "openai", "options": first, "routing": routing,
+                                   "backends": [{"engine": "openai", "options": o} for o in others]}]})
+
+
+def run_across(variant: str, engines: Engines, workload: Workload, seed: int, tmp: Path, redis_url: str) -> dict[str, Any]:
+    """One run of an ACROSS variant on two cold llama-servers: prompt tokens they computed (their own counters)."""
+    from tests.llama_servers import llama_servers  # noqa: PLC0415
+
+    count, peers = ACROSS[variant]
+    options = {"parallel": engines.parallel, "context_length": engines.context, "threads": engines.threads,
+               "cache_ram_mib": engines.cache_ram_mib, "spec_type": "none", "extra_args": list(engines.extra)}
+    with llama_servers(2, tmp, options, served=MODEL) as servers, contextlib.ExitStack() as stack:
+        urls = [s.url for s in servers]
+        gws = [stack.enter_context(gateway(config_yaml=across_config(engines, urls, redis_url if peers else None),
+                                           start_timeout=600)) for _ in range(count)]
+        if peers:
+            _wait_listening(gws)
+        before = [s.prompt_tokens_total() for s in servers]
+        started = time.monotonic()
+        level = bench(gws[0].base_url, workload, seed, tmp / f"{variant}.json", tuple(g.base_url for g in gws[1:]))
+        wall = time.monotonic() - started
+        after = [s.prompt_tokens_total() for s in servers]
+        decisions = {f"gw{i} {k}": n for i, g in enumerate(gws) for k, n in _decisions(g.metrics()).items()}
+        peer_counts = [httpx.get(f"{g.url}/v1/gateway/stats", timeout=10).json()["models"][MODEL].get("cache_peers")
+                       for g in gws]
+    per_replica = {f"r{i} computed": a - b for i, (a, b) in enumerate(zip(after, before))}
+    return (result(variant, level, sum(per_replica.values()), per_replica, wall)
+            | {"decisions": decisions, "cache_peers": [p for p in peer_counts if p]})
+
+
+def _wait_listening(gws: list[Any]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = [httpx.get(f"{g.url}/v1/gateway/stats", timeout=10).json()["models"][MODEL].get("cache_peers") or {}
+                 for g in gws]
+        if all(f.get("listening") for f in found):
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the gateways did not subscribe to the cache peers' channel in 60 s")
+
+
+def run_across_scenario(args: argparse.Namespace, engines: Engines, workload: Workload, tmp: Path) -> list[dict[str, Any]]:
+    from tests.redis_server import redis_server  # noqa: PLC0415
+
+    variants = [v for v in args.across_variants.split(",") if v]
+    runs: list[dict[str, Any]] = []
+    with redis_server(fsync_always=False) as redis:
+        for round_index in range(args.rounds):
+            for variant in rotated(variants, round_index):
+                log(f"across gateways, round {round_index + 1}: {variant} ...")
+                run_dir = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=tmp))
+                try:
+                    r = run_across(variant, engines, workload, args.seed, run_dir, redis.url)
+                except Exception as exc:  # noqa: BLE001 - reported; the other variants still run
+                    log(f"  {variant} FAILED: {type(exc).__name__}: {str(exc)[-1500:]}")
+                    runs.append({"variant": variant, "round": round_index + 1, "error": f"{type(exc).__name__}: {exc}"})
+                    continue
+                r |= {"scenario": "across", "round": round_index + 1}
+                log(f"  {variant}: {r['ok']}/{r['sent']} ok in {r['wall_s']:.0f} s, TTFT p50 {r['ttft_p50'] * 1000:.0f} ms, "
+                    f"prompt tokens computed {r['computed']:.0f} (minimum {_count(r['minimum'])}), {r['per_replica']}, "
+                    f"peers {r['cache_peers']}")
+                runs.append(r)
+    return runs
+
+
 # --- the benchmark ---------------------------------------------------------------------------------
 
 def _count(value: float | None) -> str:
@@ -461,6 +548,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-closed", dest="closed", action="store_false", help="skip the closed-loop case")
     p.add_argument("--closed-rounds", type=int, default=None, help="closed-loop runs per variant (default: --rounds)")
     p.add_argument("--closed-variants", default=",".join(CLOSED_VARIANTS), help="variants of the closed-loop case")
+    p.add_argument("--across-gateways", action="store_true",
+                   help="only the case of two gateway processes in front of the same two llama-servers (the open-loop "
+                        "workload, each session's turns alternating between the gateways) against one gateway")
+    p.add_argument("--across-variants", default=",".join(ACROSS), help="variants of --across-gateways: " + ", ".join(ACROSS))
     w = p.add_argument_group("open-loop workload")
     w.add_argument("--sessions", type=int, default=10)
     w.add_argument("--turns", type=int, default=4)
@@ -554,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.markdown:
             args.markdown.write_text(text)
         return 0
+    if args.across_gateways:
+        return main_across(args)
     chosen = [v for v in args.variants.split(",") if v]
     closed_chosen = [v for v in args.closed_variants.split(",") if v]
     unknown = sorted(set(chosen + closed_chosen) - set(VARIANTS))
@@ -581,6 +674,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(text)
     return 1 if any("error" in r for r in runner.runs) else 0
+
+
+def main_across(args: argparse.Namespace) -> int:
+    unknown = sorted(set(v for v in args.across_variants.split(",") if v) - set(ACROSS))
+    if unknown or find_llama_server(None) is None:
+        print(f"cannot run: unknown variants {unknown}" if unknown else "cannot run: llama-server not found",
+              file=sys.stderr)
+        return 2
+    engines = Engines(args.parallel, args.context, args.threads, args.cache_ram_mib, tuple(args.engine_arg))
+    open_w, _ = workloads(args)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="cache-routing-across-") as tmp:
+        runs = run_across_scenario(args, engines, open_w, Path(tmp))
+    text = (f"Across gateways: two cold llama-servers x {engines.parallel} slots, {engines.threads} thread(s) each, as "
+            f"`engine: openai` replicas (max_concurrency {engines.parallel}) of every gateway; {open_w.describe()}; each "
+            f"session's turns alternate between the gateways; seed {args.seed}; {time.monotonic() - started:.0f} s in all.\n\n"
+            + across_table(runs) + "\n")
+    print(text)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"argv": sys.argv[1:], "engines": asdict(engines), "workload": asdict(open_w),
+                                         "runs": runs}, indent=1))
+    if args.markdown:
+        args.markdown.write_text(text)
+    return 1 if any("error" in r for r in runs) else 0
 
 
 if __name__ == "__main__":

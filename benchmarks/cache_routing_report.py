@@ -12,6 +12,7 @@ from typing import Any
 
 LEAST_OUTSTANDING = "least_outstanding"
 SGLANG = "sglang_router"
+ONE_GATEWAY = "one_gateway"
 
 METRICS = ("ttft_p50", "ttft_p90", "output_tps", "computed", "minimum")
 """What one run yields, per variant: TTFT percentiles (s), output tok/s, prompt tokens the engines computed
@@ -98,4 +99,24 @@ def table(summary: Mapping[str, Mapping[str, Spread | None]], order: Sequence[st
             f"{cell(s['output_tps'], digits=1)} | {cell(computed)} | {cell(minimum)} | {_x(ratio(computed, minimum))} | "
             + " | ".join(gains) + " |"
         )
+    return "\n".join(lines)
+
+
+def across_table(runs: Sequence[Mapping[str, Any]]) -> str:
+    """The across-gateways table: per variant, prompt tokens the engines computed (median and range) and that
+    over one gateway's (the issue's bound: 1.15x), TTFT p50; failed runs are counted, not averaged."""
+    summary = summarize([r for r in runs if "error" not in r])
+    one = summary.get(ONE_GATEWAY, {}).get("computed")
+    lines = ["| variant | runs | prompt tokens computed | minimum | computed / min | computed / one gateway | TTFT p50 ms |",
+             "|---|---|---|---|---|---|---|"]
+    for variant in dict.fromkeys(str(r["variant"]) for r in runs):
+        failed = sum(1 for r in runs if r["variant"] == variant and "error" in r)
+        s = summary.get(variant)
+        if s is None:
+            lines.append(f"| {variant} | {failed} failed | - | - | - | - | - |")
+            continue
+        runs_n = max((x.runs for x in s.values() if x is not None), default=0)
+        lines.append(f"| {variant} | {runs_n}{f' (+{failed} failed)' if failed else ''} | {cell(s['computed'])} | "
+                     f"{cell(s['minimum'])} | {_x(ratio(s['computed'], s['minimum']))} | {_x(ratio(s['computed'], one))} | "
+                     f"{cell(s['ttft_p50'], 1000)} |")
     return "\n".join(lines)

@@ -49,6 +49,11 @@ class RoutingConfig(BaseModel):
     pin_slots: bool = True
     """affinity cache, llama-server with its prompt cache off (`cache_ram_mib: 0`): send each request to the slot
     that holds its prefix (`id_slot`); with the prompt cache on, llama-server's own choice restores from it."""
+    cache_peers: str | None = None
+    """affinity cache, replicas at external URLs that other gateways route to as well: a Redis URL
+    (redis://, rediss:// or unix://) over which the gateways tell each other where they placed each prompt, so
+    a conversation whose turns reach different gateways still finds the replica holding it (docs/routing.md);
+    None: each gateway knows only what it placed."""
     failure_threshold: int = Field(default=3, ge=1)
     """Consecutive engine failures (errors, timeouts) that open a replica's circuit breaker."""
     open_seconds: float = Field(default=5.0, gt=0)
@@ -57,6 +62,13 @@ class RoutingConfig(BaseModel):
     """How often each replica's readiness and engine stats (waiting count, KV use) are polled."""
     max_retries: int = Field(default=1, ge=0)
     """Attempts on another replica when an engine fails before anything reached the client."""
+
+    @field_validator("cache_peers")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("cache_peers is a Redis URL: redis://HOST:PORT/DB, rediss://... or unix://PATH")
+        return v
 
     @model_validator(mode="before")
     @classmethod

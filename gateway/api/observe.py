@@ -172,6 +172,7 @@ def summarize(m: GatewayMetrics, rt: Runtime, ready: dict[str, bool]) -> dict[st
             "routing": backend.routing.model_dump(include={"balance", "affinity", "load_factor"}),
             "scheduler": _scheduler(m, backend),
             "replicas": [replica.status() for replica in backend.replicas],
+            **({"cache_peers": backend.peers.status()} if backend.peers is not None else {}),
             "speculation": _speculation(m, mid, backend.engine),
             **(_lifecycle(backend.lifecycle.view()) if backend.lifecycle is not None else {}),
         }

@@ -9,6 +9,7 @@ with a tokenizer, or else count content events, and it records which it did.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,15 @@ class Target:
     hold_length: bool = True
     timeout_s: float = 300.0
     read_timeout_s: float | None = None  # None: only the total; a queued request may say nothing for long
+    alternates: tuple[str, ...] = ()
+    """More base URLs of the same service (other gateways in front of the same engines): a session's turns
+    go to `base_url` and these in turn, session i's turn t to the ((i + t - 1) mod n)-th."""
+
+    def for_turn(self, session: int, turn: int) -> Target:
+        if not self.alternates:
+            return self
+        urls = (self.base_url, *self.alternates)
+        return dataclasses.replace(self, base_url=urls[(session + turn - 1) % len(urls)], alternates=())
 
     @property
     def url(self) -> str:

@@ -191,7 +191,7 @@ async def run_sessions(session: aiohttp.ClientSession, target: Target, source: S
                 await asyncio.sleep(plan.thinks[index][turn - 2])
             request = source.turn(conv, turn)
             trace.own_tokens = conv.own_tokens
-            result = await send(session, target, request, counter)
+            result = await send(session, target.for_turn(index, turn), request, counter)
             results.append(result)
             trace.results.append(result)
             if on_done is not None:

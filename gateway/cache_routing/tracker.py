@@ -110,6 +110,11 @@ class ReplicaCache:
         assumes at once too), so the next request with this prefix finds it here."""
         self.index.insert(placement.blocks)
 
+    def placed_by_peer(self, blocks: tuple[int, ...]) -> None:
+        """Another gateway sent a request with this prompt here (gateway/cache_routing/peers.py): the engine
+        computes it as it would one of ours."""
+        self.index.insert(blocks)
+
     def dispatch(self, placement: Placement) -> int | None:
         """Its slot, once admitted (a slot is free then); None: the engine chooses."""
         placement.dispatched = time.perf_counter()

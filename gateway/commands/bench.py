@@ -68,6 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                            "--shared-prefix-tokens nor --document-tokens is given, else 0)")
     conv.add_argument("--document-tokens", type=int, default=0, metavar="N",
                       help="each session's own document of N tokens, at the start of its first user message (default 0)")
+    conv.add_argument("--alternate-url", action="append", default=[], metavar="URL",
+                      help="another base URL of the same service (a second gateway in front of the same engines; "
+                           "repeat): each session's turns go to --base-url and these in turn")
     conv.add_argument("--session-header", default=SESSION_HEADER,
                       help=f"header carrying the session id (default {SESSION_HEADER}; '' sends none)")
     conv.add_argument("--no-session-user", dest="session_user", action="store_false",
@@ -134,7 +137,11 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
     model = args.model or _first_model(args.base_url, args.api_key)
     common = {"endpoint": args.endpoint, "stream": args.stream, "hold_length": args.hold_length,
               "timeout_s": args.timeout, "read_timeout_s": args.read_timeout}
-    targets = [Target(args.name or ("base" if args.compare else "A"), args.base_url, model, args.api_key, **common)]
+    if args.alternate_url and (sessions is None or args.compare):
+        raise ValueError("--alternate-url alternates a session's turns between endpoints: it needs --sessions, "
+                         "and no --compare")
+    targets = [Target(args.name or ("base" if args.compare else "A"), args.base_url, model, args.api_key,
+                      alternates=tuple(args.alternate_url), **common)]
     if args.compare:
         key = args.compare_api_key if args.compare_api_key is not None else args.api_key
         targets.append(Target(args.compare_name or "compare", args.compare,

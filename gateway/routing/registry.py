@@ -13,6 +13,8 @@ from adapters.base import Adapter, EngineStats, Health
 from gateway.config import RoutingConfig
 from gateway.planning import Plan
 from gateway.cache_routing.cost import Place, estimate
+from gateway.cache_routing.peering import PeerFeed
+from gateway.cache_routing.peers import Note, addressed, shared_name
 from gateway.cache_routing.precise import PreciseCache
 from gateway.cache_routing.tracker import Placement, ReplicaCache
 from gateway.lora import routing as lora_routing
@@ -56,6 +58,8 @@ class Backend:
     """The base's adapters' backends, which follow it to a fallback engine (`use`)."""
     balancer: Balancer = field(init=False)
     monitor: HealthMonitor | None = field(default=None, init=False)
+    peers: PeerFeed | None = field(default=None, init=False)
+    """The placement notes shared with other gateways in front of the same replicas (`routing.cache_peers`)."""
 
     def __post_init__(self) -> None:
         if not self.replicas:
@@ -228,6 +232,7 @@ class Backend:
             placement = placements[pool.index(replica)] if placements else None
             if placement is not None and replica.cache is not None:  # made by place() above
                 replica.cache.chosen(placement)
+                self._tell_peers(replica, placement)
             probe = replica.breaker.dispatched()  # before any wait: one trial request at a time
             try:
                 ticket = await replica.admission.acquire(demand)
@@ -243,6 +248,21 @@ class Backend:
         if placement is not None and replica.cache is not None:
             lease.slot = replica.cache.dispatch(placement)
         return lease
+
+    def _tell_peers(self, replica: Replica, placement: Placement) -> None:
+        if self.peers is not None:
+            name = shared_name(replica.adapter.describe(), replica.adapter.incarnation())
+            if name is not None:
+                self.peers.publish(name, placement.blocks)
+
+    def _placed_by_peer(self, note: Note) -> bool:
+        """Another gateway's placement: into this gateway's index of that replica (False: not one of ours)."""
+        names = [shared_name(r.adapter.describe(), r.adapter.incarnation()) for r in self.replicas]
+        i = addressed(note, names)
+        if i is None:
+            return False
+        self.cache_of(self.replicas[i]).placed_by_peer(note.blocks)
+        return True
 
     @staticmethod
     def _foreign_load(replica: Replica, candidate: Candidate) -> float:
@@ -273,11 +293,18 @@ class Backend:
                 view = self.cache_of(replica).precise
                 if view is not None:
                     await view.start()
+            if self.routing.cache_peers and self.peers is None:
+                self.peers = PeerFeed(self.routing.cache_peers, f"enginegate:cache-peers:{self.model_id}",
+                                      self._placed_by_peer, self.routing.block_chars)
+                await self.peers.start()
         if len(self.replicas) > 1 and self.monitor is None:
             self.monitor = HealthMonitor(self.replicas, self.routing.health_interval_seconds)
             self.monitor.start()
 
     async def stop(self) -> None:
+        if self.peers is not None:
+            await self.peers.stop()
+            self.peers = None
         for replica in self.replicas:
             if replica.cache is not None and replica.cache.precise is not None:
                 await replica.cache.precise.stop()

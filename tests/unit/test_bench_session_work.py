@@ -141,3 +141,15 @@ def test_computed_is_unknown_where_the_endpoint_does_not_report_cached_tokens() 
     sessions = [SessionTrace(20, [answer(1020, 4, cached=0), answer(1034, 4, cached=None)])]
     work = prompt_work(sessions, shared=False)
     assert work.computed is None and work.ratio is None and work.minimum == 1030
+
+
+@pytest.mark.parametrize(("session", "turn", "url"), [
+    (0, 1, "http://a"), (0, 2, "http://b"), (0, 3, "http://a"), (1, 1, "http://b"), (1, 2, "http://a"),
+])
+def test_a_sessions_turns_alternate_between_the_endpoints(session: int, turn: int, url: str) -> None:
+    from gateway.bench.client import Target
+
+    target = Target("A", "http://a", "m", alternates=("http://b",))
+    assert target.for_turn(session, turn).base_url == url
+    assert target.for_turn(session, turn).alternates == ()
+    assert Target("A", "http://a", "m").for_turn(session, turn).base_url == "http://a"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.cache_routing_report import Spread, cell, ratio, rotated, summarize, table
+from benchmarks.cache_routing_report import Spread, across_table, cell, ratio, rotated, summarize, table
 
 VARIANTS = ["round_robin", "least_outstanding", "prefix", "session", "cache", "sglang_router"]
 
@@ -175,3 +175,14 @@ def test_render_reads_a_saved_benchmark():
     assert "| cache | 1 | 1000 |" in text and "3.00x" in text
     assert "- cache: failed" in text  # the closed case's only run failed: listed, no table row
     assert "310 tokens above it" in text
+
+
+def test_the_across_gateways_table_divides_by_one_gateways_computed_tokens():
+    runs = [{"variant": "one_gateway", "computed": 1000.0, "minimum": 800.0, "ttft_p50": 0.5},
+            {"variant": "two_gateways", "computed": 1100.0, "minimum": 800.0, "ttft_p50": 0.6},
+            {"variant": "two_gateways_no_peers", "computed": 1500.0, "minimum": 800.0, "ttft_p50": 0.9},
+            {"variant": "two_gateways_no_peers", "error": "RuntimeError: x"}]
+    text = across_table(runs)
+    assert "| two_gateways | 1 | 1100 | 800 | 1.38x | 1.10x | 600 |" in text
+    assert "| two_gateways_no_peers | 1 (+1 failed) | 1500 | 800 | 1.88x | 1.50x | 900 |" in text
+    assert "| one_gateway | 1 | 1000 | 800 | 1.25x | 1.00x | 500 |" in text
