@@ -387,16 +387,22 @@ class PostgresKeyStore:
         return await self._run(work, transaction=True)
 
     async def settle(self, settlements: list[Settlement]) -> None:
-        """One statement per settlement, each its own transaction: a batch (buffered usage written after an
-        outage) never holds two tenants' locks at once. Each is applied once, so a batch cut short and
-        replayed whole charges nothing twice."""
+        """One round trip per tenant in the batch: that tenant's settlements in one transaction (asyncpg's
+        executemany, pipelined), so a transaction never holds two tenants' locks at once (no cycle with a
+        reserve or a renew). Each is applied once, so a batch cut short and replayed whole charges nothing
+        twice."""
         if not settlements:
             return
-        rows = [self._settle_args(s) for s in settlements]
+        by_tenant: dict[str, list[tuple[Any, ...]]] = {}
+        for s in settlements:
+            by_tenant.setdefault(s.name, []).append(self._settle_args(s))
 
         async def work(c: asyncpg.Connection) -> None:
-            for row in rows:
-                await c.execute(SETTLE, *row)
+            for rows in by_tenant.values():
+                if len(rows) == 1:
+                    await c.execute(SETTLE, *rows[0])
+                else:
+                    await c.executemany(SETTLE, rows)
             now = time.monotonic()
             if now - self._pruned_at >= PRUNE_EVERY_S:
                 self._pruned_at = now

@@ -216,3 +216,17 @@ async def test_a_reserve_under_a_revoked_or_rotated_secret_is_refused_and_charge
     assert (await b.reserve("checked", lim, 10, "c5", "0" * 64)).refused == "revoked"
     assert (await b.reserve("unknown", lim, 10, "c6", "0" * 64)).refused == "revoked"
     assert (await b.reserve("unknown", lim, 10, "c7")).admitted  # no secret given: limits only (config-file keys)
+
+
+async def test_one_settle_call_of_many_tenants_applies_each_once_and_its_replay_nothing(clients: Clients) -> None:
+    a = clients()
+    lim = limits(max_concurrency=10, tpm=1000)
+    for i in range(6):
+        assert (await a.reserve(f"t{i % 2}", lim, 10, f"m{i}")).admitted
+    batch = [settlement(f"m{i}", f"t{i % 2}", lim, -5) for i in range(6)]  # the writer's batch: tenants interleaved
+    await a.settle(batch)
+    await a.settle(batch)  # the same batch replayed whole (a write that timed out)
+    for name in ("t0", "t1"):
+        assert [r["requests"] for r in await a.usage(name)] == [3]
+        after = await a.reserve(name, lim, 10, f"after-{name}")
+        assert after.counters.inflight == 1 and after.counters.tokens == 3 * 5 + 10  # every slot freed, refunds once
