@@ -42,7 +42,7 @@ from gateway.scheduling import Demand
 from gateway.runtime import Runtime
 from gateway.tenancy import middleware as tenancy
 from gateway.tenancy.limits import reservation
-from gateway.tenancy.service import Refused
+from gateway.tenancy.service import KeyRevoked, Refused
 from gateway.tenancy.store import StoreUnavailable
 from gateway.tenancy.ticket import Ticket
 from gateway.timing import TimedStream, request_timing
@@ -207,6 +207,9 @@ async def reserve_limits(request: Request, backend: Backend, view: RequestView, 
         if exc.decision.refused == "budget":
             raise APIError(429, message, code="insufficient_quota", headers=headers) from exc
         raise APIError(429, message, code="rate_limit_exceeded", headers=headers) from exc
+    except KeyRevoked as exc:  # revoked or rotated since its lookup was cached: as the lookup would answer
+        raise APIError(401, "Incorrect, revoked or expired API key.", code="invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"}) from exc
     except StoreUnavailable as exc:
         raise APIError(503, "The key store is unreachable; try again shortly.", code="store_unavailable",
                        headers={"Retry-After": str(runtime(request).settings.retry_after_seconds)}) from exc

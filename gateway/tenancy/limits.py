@@ -34,7 +34,8 @@ from typing import Literal
 from gateway.request_view import RequestView
 from gateway.tenancy.keys import BudgetPeriod, KeyPolicy
 
-Refusal = Literal["requests", "tokens", "concurrency", "budget"]
+Refusal = Literal["requests", "tokens", "concurrency", "budget", "revoked"]
+"""`revoked`: the store no longer holds the key under the secret it was authenticated with (nothing charged)."""
 DEFAULT_OUTPUT_TOKENS = 4096
 """A choice's reservation when the request sets no output limit and the engine reports no context length."""
 

@@ -1,7 +1,7 @@
 """Plain ASGI auth: find the key, check the route's role (access.ROUTE_ACCESS), put the Caller in
 the scope; then add the rate-limit headers to the response and settle the request's ticket when
-the response ends (before its last byte when the key limits concurrency, so a client that sends
-its next request at once finds its slot free).
+the response ends (after its last byte: the client does not wait for the write; a next request of
+the key that holds a concurrency slot waits for its release in the service, Tenancy.reserve).
 
 The serving flow meets it through `key_of`, `may_use` and `reserve` (the scope carries the key,
 the decision and the ticket)."""
@@ -152,11 +152,11 @@ class AuthMiddleware:
                 if isinstance(decision, Decision):
                     extra = anthropic_headers(decision, time.time()) if anthropic else rate_headers(decision)
                     message = {**message, "headers": [*message.get("headers", []), *extra]}
-            elif message["type"] == "http.response.body" and not message.get("more_body"):
-                ticket = state.get(TICKET_STATE)
-                if isinstance(ticket, Ticket) and ticket.holds_slot:
-                    await self._settle(scope, ticket, status)
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                ticket = state.get(TICKET_STATE)
+                if isinstance(ticket, Ticket) and not ticket.settled:
+                    await self._settle(scope, ticket, status)
 
         try:
             await self.app(scope, receive, respond)

@@ -15,6 +15,10 @@ other's row locks in a cycle: without it a settle and a reserve of one busy key 
 Time: windows, leases and the applied-ids table use the database's clock (`clock_timestamp()`),
 one clock for every gateway whatever their own clocks say.
 
+Key changes: a revoke or rotation sends `NOTIFY enginegate_keys` (the key's name) in its transaction,
+delivered when it commits; `watch` listens on a connection of its own (asyncpg's add_listener), proved
+alive by a `SELECT 1` every WATCH_PING_S, and counts it lost when it closes or a ping fails.
+
 Schema: versioned with `migrate(db, "tenancy", STEPS)` on the store's first use (a gateway that
 starts while the database is down comes up and migrates when it answers)."""
 
@@ -37,6 +41,8 @@ from gateway.tenancy.store import (
     KeyExists,
     KeysActive,
     Settlement,
+    WATCH_DEAD_S,
+    WATCH_PING_S,
     StoreUnavailable,
 )
 
@@ -48,6 +54,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 COMPONENT = "tenancy"
 LOCK_CLASS = 0x6B657973  # "keys": the first half of a tenant's advisory lock key (the second: hashtext(name))
+CHANNEL = "enginegate_keys"
 NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 STEPS: tuple[str, ...] = (
@@ -208,8 +215,30 @@ STEPS: tuple[str, ...] = (
     END
     $$
     """,
+    # The reserve of a key that must still be active under the secret its request was authenticated with:
+    # checked first, in the same transaction (a revoked or rotated key is refused 'revoked', charged nothing).
+    """
+    CREATE FUNCTION tenancy_reserve_key(
+        p_secret text, p_name text, p_request text, p_rpm bigint, p_tpm bigint, p_conc bigint, p_budget bigint,
+        p_window bigint, p_period text, p_cost bigint, p_lease_ttl bigint,
+        OUT o_refused text, OUT o_requests bigint, OUT o_requests_reset bigint, OUT o_tokens bigint,
+        OUT o_tokens_reset bigint, OUT o_inflight bigint, OUT o_used bigint, OUT o_replay boolean)
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NOT EXISTS (SELECT 1 FROM tenancy_keys WHERE name = p_name AND secret_hash = p_secret) THEN
+            o_refused := 'revoked'; o_requests := 0; o_requests_reset := 0; o_tokens := 0; o_tokens_reset := 0;
+            o_inflight := 0; o_used := 0; o_replay := false;
+            RETURN;
+        END IF;
+        SELECT * INTO o_refused, o_requests, o_requests_reset, o_tokens, o_tokens_reset, o_inflight, o_used, o_replay
+        FROM tenancy_reserve(p_name, p_request, p_rpm, p_tpm, p_conc, p_budget, p_window, p_period, p_cost, p_lease_ttl);
+    END
+    $$
+    """,
 )
 RESERVE = "SELECT * FROM tenancy_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+RESERVE_KEY = "SELECT * FROM tenancy_reserve_key($11, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+"""The reserve of a key checked still active with this secret first, in the same statement (refused 'revoked')."""
 
 SET_AUTH = ("INSERT INTO tenancy_meta (key, value) VALUES ('auth', $1) "
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value")
@@ -314,15 +343,18 @@ class PostgresKeyStore:
             record = change(KeyRecord.from_json(orjson.loads(row[0])))
             await c.execute("UPDATE tenancy_keys SET secret_hash = $2, record = $3::jsonb WHERE name = $1",
                             name, new_hash, orjson.dumps(record.to_json()).decode())
+            await c.execute("SELECT pg_notify($1, $2)", CHANNEL, name)  # sent when this commits
             return record
 
         return await self._run(work, transaction=True)
 
     # -- limits ------------------------------------------------------------------------------
-    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str) -> Decision:
-        row = await self._run(lambda c: c.fetchrow(
-            RESERVE, name, request_id, limits.rpm, limits.tpm, limits.concurrency, limits.budget, limits.window_ms,
-            limits.budget_period, cost, self.lease_ttl_ms))
+    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str,
+                      secret_hash: str | None = None) -> Decision:
+        args = (name, request_id, limits.rpm, limits.tpm, limits.concurrency, limits.budget, limits.window_ms,
+                limits.budget_period, cost, self.lease_ttl_ms)
+        row = await self._run(lambda c: c.fetchrow(RESERVE, *args) if secret_hash is None else
+                              c.fetchrow(RESERVE_KEY, *args, secret_hash))
         counters = Counters(int(row["o_requests"]), int(row["o_requests_reset"]), int(row["o_tokens"]),
                             int(row["o_tokens_reset"]), int(row["o_inflight"]), int(row["o_used"]))
         return Decision(limits, counters, row["o_refused"])
@@ -355,16 +387,22 @@ class PostgresKeyStore:
         return await self._run(work, transaction=True)
 
     async def settle(self, settlements: list[Settlement]) -> None:
-        """One statement per settlement, each its own transaction: a batch (buffered usage written after an
-        outage) never holds two tenants' locks at once. Each is applied once, so a batch cut short and
-        replayed whole charges nothing twice."""
+        """One round trip per tenant in the batch: that tenant's settlements in one transaction (asyncpg's
+        executemany, pipelined), so a transaction never holds two tenants' locks at once (no cycle with a
+        reserve or a renew). Each is applied once, so a batch cut short and replayed whole charges nothing
+        twice."""
         if not settlements:
             return
-        rows = [self._settle_args(s) for s in settlements]
+        by_tenant: dict[str, list[tuple[Any, ...]]] = {}
+        for s in settlements:
+            by_tenant.setdefault(s.name, []).append(self._settle_args(s))
 
         async def work(c: asyncpg.Connection) -> None:
-            for row in rows:
-                await c.execute(SETTLE, *row)
+            for rows in by_tenant.values():
+                if len(rows) == 1:
+                    await c.execute(SETTLE, *rows[0])
+                else:
+                    await c.executemany(SETTLE, rows)
             now = time.monotonic()
             if now - self._pruned_at >= PRUNE_EVERY_S:
                 self._pruned_at = now
@@ -385,6 +423,35 @@ class PostgresKeyStore:
             "WHERE ($1::text IS NULL OR name = $1) AND ($2::text IS NULL OR day >= $2) ORDER BY day, name, model",
             name, since))
         return [{k: (int(v) if k in USAGE_FIELDS else v) for k, v in r.items()} for r in rows]
+
+    async def watch(self, changed: Callable[[bool], None]) -> None:
+        import asyncpg
+
+        while True:
+            conn: asyncpg.Connection | None = None
+            live = False
+            try:
+                conn = await asyncpg.connect(self.db.url, timeout=self.db.timeout_s,
+                                             server_settings={"application_name": "enginegate-keys-watch"})
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _, gone=lost: gone.set())  # this connection's event, never a later one's
+                await conn.add_listener(CHANNEL, lambda *_: changed(True))
+                live = True
+                changed(True)
+                while not lost.is_set():
+                    try:
+                        await asyncio.wait_for(lost.wait(), WATCH_PING_S)
+                    except TimeoutError:
+                        await conn.execute("SELECT 1", timeout=WATCH_DEAD_S)
+            except (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError,
+                    asyncpg.InternalClientError):
+                pass
+            finally:
+                if live:
+                    changed(False)
+                if conn is not None:
+                    conn.terminate()
+            await asyncio.sleep(WATCH_PING_S)
 
     async def close(self) -> None:
         """Closes the pool only when it is the store's own: a gateway's pool is shared and closed by the app."""

@@ -13,6 +13,8 @@ one step, so N gateways never hand out a limit N times. Key layout, under `prefi
     budget:{name}:{period}               tokens spent in the budget period
     usage:{day}:{name}:{model}           hash of usage counters; `usage` is the set of those (day, name, model)
     applied:r:{id}, applied:s:{id}       a request id reserved / settled (SET NX, expires after APPLIED_KEEP_MS)
+    keys-changed                         pub/sub channel: a key's name, published by the script that revoked
+                                         or rotated it (`watch` subscribes on a connection of its own)
 
 Every script is safe to run twice (a create or change already applied answers done, reserve and
 settle apply each request id once), so a call that timed out, which Redis may have run, is
@@ -21,6 +23,8 @@ retried once, as is one that found a pooled connection dead (a restarted server)
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -36,6 +40,8 @@ from gateway.tenancy.store import (
     KeyExists,
     KeysActive,
     Settlement,
+    WATCH_DEAD_S,
+    WATCH_PING_S,
     StoreUnavailable,
 )
 
@@ -71,7 +77,7 @@ redis.call('HSET', KEYS[3], ARGV[2], ARGV[1])
 redis.call('SET', KEYS[4], '1')
 return 1
 """
-# ARGV: name, expected (current) hash, new hash or '' (revoke), new record
+# KEYS: keys, active, secrets, the keys-changed channel. ARGV: name, expected (current) hash, new hash or '' (revoke), new record
 CHANGE = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[4] then return 1 end
 if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
@@ -83,13 +89,16 @@ else
   redis.call('HSET', KEYS[3], ARGV[3], ARGV[1])
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
+redis.call('PUBLISH', KEYS[4], ARGV[1])
 return 1
 """
 # Reads first, and the first write one that needs memory (INCR, ZADD...): under OOM (noeviction) Redis refuses
 # that one, and so the whole call, where a write before it would have let the script run on regardless.
-# KEYS: requests window, tokens window, leases, budget, applied:r:{id}.
+# KEYS: requests window, tokens window, leases, budget, applied:r:{id}, active.
 # ARGV: rpm tpm conc budget (0 = no limit) window_ms budget_ttl_ms cost lease_ttl_ms request_id keep_ms
+#       name secret_hash ('': not checked)
 RESERVE = NOW + """
+if ARGV[12] ~= '' and redis.call('HGET', KEYS[6], ARGV[11]) ~= ARGV[12] then return {'revoked', 0, 0, 0, 0, 0, 0} end
 local rpm, tpm, conc, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local window, budget_ttl, cost, lease_ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local function get(k) return tonumber(redis.call('GET', k) or '0') end
@@ -231,15 +240,17 @@ class RedisKeyStore:
         if current is None or current.revoked_at is not None:
             return None
         record = change(current)
-        done = await self._run(lambda: self._change(keys=self._hashes[:3], args=[
+        done = await self._run(lambda: self._change(keys=[*self._hashes[:3], self.p + "keys-changed"], args=[
             name, current.secret_hash, new_hash, orjson.dumps(record.to_json())]))
         return record if done else None
 
-    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str) -> Decision:
+    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str,
+                      secret_hash: str | None = None) -> Decision:
         keys = [f"{self.p}w:{name}:requests", f"{self.p}w:{name}:tokens", f"{self.p}leases:{name}",
-                f"{self.p}budget:{name}:{limits.budget_period}", f"{self.p}applied:r:{request_id}"]
+                f"{self.p}budget:{name}:{limits.budget_period}", f"{self.p}applied:r:{request_id}", self.p + "active"]
         args = [limits.rpm or 0, limits.tpm or 0, limits.concurrency or 0, limits.budget or 0, limits.window_ms,
-                limits.budget_reset_ms + BUDGET_KEEP_MS, cost, self.lease_ttl_ms, request_id, APPLIED_KEEP_MS]
+                limits.budget_reset_ms + BUDGET_KEEP_MS, cost, self.lease_ttl_ms, request_id, APPLIED_KEEP_MS,
+                name, secret_hash or ""]
         out = await self._run(lambda: self._reserve(keys=keys, args=args))
         refused = out[0].decode() if isinstance(out[0], bytes) else str(out[0])
         counters = Counters(*(int(v) for v in out[1:7]))
@@ -305,6 +316,42 @@ class RedisKeyStore:
 
         rows = await self._run(run)
         return sorted(rows, key=lambda r: (r["day"], r["name"], r["model"]))
+
+    async def watch(self, changed: Callable[[bool], None]) -> None:
+        """Subscribed to keys-changed on a connection of its own; a PING every WATCH_PING_S proves it alive."""
+        from redis.exceptions import RedisError
+
+        while True:
+            pubsub = self.client.pubsub()
+            live = False
+            try:
+                await pubsub.subscribe(self.p + "keys-changed")
+                heard = time.monotonic()
+                pinged = heard
+                while True:
+                    message = await pubsub.get_message(timeout=WATCH_PING_S)
+                    now = time.monotonic()
+                    if message is not None:
+                        heard = now
+                        kind = message.get("type")
+                        if kind == "subscribe" or (kind == "message" and live):
+                            live = True  # subscribed: from here on every change is heard
+                            changed(True)
+                    if now - heard > WATCH_DEAD_S:
+                        raise TimeoutError(f"no answer on the key channel for {WATCH_DEAD_S:g} s")
+                    if now - pinged >= WATCH_PING_S:
+                        pinged = now
+                        await pubsub.ping()  # its pong is a message: `heard`
+            except (RedisError, OSError, TimeoutError):
+                pass
+            finally:
+                if live:
+                    changed(False)
+                try:
+                    await pubsub.aclose()
+                except Exception:  # closing a connection to a dead server
+                    pass
+            await asyncio.sleep(WATCH_PING_S)
 
     async def close(self) -> None:
         try:

@@ -12,7 +12,21 @@ replay is harmless. A request holding a concurrency slot holds a lease that one 
 renews every LEASE_RENEW_S for all of this process's requests in flight; a settle stops renewing it
 at once, even when the settle itself has to wait in the buffer (the buffered settle releases it when
 written, else it expires), so a dead process's or a lost store's slots come back on their own.
-Neither background task (renewing leases, writing buffered usage) ever stops on an error."""
+Neither background task (renewing leases, writing buffered usage) ever stops on an error.
+
+Cost per request (benchmarks/tenancy_overhead.py): one store round trip at most, the reserve.
+- Key lookups are cached in this process while the store's push channel (`KeyStore.watch`: Redis
+  pub/sub, PostgreSQL LISTEN/NOTIFY, the SQLite file's change counter) is live. Revocation bound: a
+  revoke or rotation anywhere empties the cache of every gateway on the channel within about one
+  round trip (SQLite: this process's own at once, another process's within WATCH_PING_S); a channel
+  lost, or silent past WATCH_DEAD_S, empties it and nothing is cached until it is back; and no entry
+  is used past KEY_CACHE_MAX_AGE_S whatever the channel says. A lookup that was in flight when the
+  cache was emptied is not cached. Without `start()` (no watch) nothing is cached.
+- Settles are written after the response by one writer task, every settle queued while a write is
+  in flight going in the next one (a batch per round trip). A reserve of a key whose concurrency slot
+  this process is still releasing waits for that write first, so a client's next request finds its
+  slot free here; on another gateway it may find it held for that one write (a refusal, never an
+  excess)."""
 
 from __future__ import annotations
 
@@ -39,12 +53,18 @@ log = logging.getLogger("enginegate.tenancy")
 HAS_KEYS_TTL_S = 1.0
 FLUSH_INTERVAL_S = 1.0
 KNOWN_KEYS_MAX = 10_000
+KEY_CACHE_MAX_AGE_S = 5.0
+"""The oldest cached key lookup used, whatever the push channel says (the bound if a push is lost unseen)."""
 
 
 class Refused(Exception):
     def __init__(self, decision: Decision) -> None:
         super().__init__(decision.refused)
         self.decision = decision
+
+
+class KeyRevoked(Exception):
+    """The reserve found the key revoked or rotated since it was authenticated (a 401, like a lookup's None)."""
 
 
 class Tenancy:
@@ -65,6 +85,14 @@ class Tenancy:
         self._renewer: asyncio.Task[None] | None = None
         self.lease_renew_s = lease_renew_s
         self._replayed = False
+        self._cache: dict[str, tuple[float, KeyRecord]] = {}  # secret hash -> (looked up at, record)
+        self._cache_live = False  # the store's push channel is live: lookups may be cached
+        self._cache_generation = 0  # every change event: a lookup begun before it is not cached
+        self._watcher: asyncio.Task[None] | None = None
+        self._releasing: dict[str, int] = {}  # key name -> its slot releases queued or being written
+        self._round: asyncio.Future[None] | None = None  # the write round in flight: done when it ends
+        self._next_round: asyncio.Future[None] | None = None  # the round the settles queued now go in
+        self._failing = False  # the last write failed: the writer waits FLUSH_INTERVAL_S between tries
 
     # -- authentication ------------------------------------------------------------------------
     async def required(self) -> bool:
@@ -98,12 +126,20 @@ class Tenancy:
         digest = hash_secret(token)
         record = self.static.get(digest)
         if record is None:
+            record = self._cached(digest)
+        if record is None:
+            generation, at = self._cache_generation, time.monotonic()
             try:
                 record = await self.store.lookup(digest)
             except StoreUnavailable:
                 if not self.fail_open or digest not in self._known:
                     raise
                 record = self._known[digest]
+            else:
+                if record is not None and self._cache_live and generation == self._cache_generation:
+                    if len(self._cache) >= KNOWN_KEYS_MAX:
+                        self._cache.clear()
+                    self._cache[digest] = (at, record)
             if record is not None and len(self._known) < KNOWN_KEYS_MAX:
                 self._known[digest] = record
             elif record is None:
@@ -116,22 +152,57 @@ class Tenancy:
                                 "here until this gateway is upgraded")
         return record
 
+    def _cached(self, digest: str) -> KeyRecord | None:
+        hit = self._cache.get(digest)
+        if hit is None:
+            return None
+        if time.monotonic() - hit[0] >= KEY_CACHE_MAX_AGE_S:
+            del self._cache[digest]
+            return None
+        return hit[1]
+
+    def _keys_changed(self, live: bool) -> None:
+        """The store's watch: a key changed somewhere or the channel came back (True), or it is lost (False)."""
+        self._cache.clear()
+        self._cache_generation += 1
+        self._cache_live = live
+
+    async def _watch(self) -> None:
+        while True:  # a watch never raises for a store fault; anything else is a bug, logged, and retried
+            try:
+                await self.store.watch(self._keys_changed)
+                return
+            except Exception:
+                log.exception("watching key changes failed: key lookups are not cached until it is back")
+            finally:
+                self._keys_changed(False)
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+
     # -- limits --------------------------------------------------------------------------------
     async def reserve(self, record: KeyRecord, model: str, charge: Reservation) -> Ticket:
-        """Admit one request of this key (raises Refused for a 429, StoreUnavailable when failing closed)."""
+        """Admit one request of this key (raises Refused for a 429, KeyRevoked for a 401, StoreUnavailable when
+        failing closed). A stored key's reserve checks, in the same store step, that it is still active under
+        its secret."""
         policy = record.policy
         if not policy.limited:
             return Ticket(record.name, model)
         limits = Limits.of(policy, time.time())
         cost = charge.tokens if limits.tpm or limits.budget else 0  # prompt + max_tokens x n; the settle refunds
         request_id = uuid.uuid4().hex  # the gateway's own: a client-sent id could replay another request's charge
+        if limits.concurrency and self._releasing.get(record.name):
+            await self._released(record.name)
         try:
-            decision = await self.store.reserve(record.name, limits, cost, request_id)
+            decision = await self.store.reserve(record.name, limits, cost, request_id,
+                                                None if record.static else record.secret_hash)
         except StoreUnavailable as exc:
             if not self.fail_open:
                 raise
             log.warning("%s: admitting %s without limits (on_store_error: open)", exc, record.name)
             return Ticket(record.name, model)
+        if decision.refused == "revoked":
+            self._cache.pop(record.secret_hash, None)
+            self._known.pop(record.secret_hash, None)
+            raise KeyRevoked(record.name)
         if not decision.admitted:
             if self.metrics is not None:
                 self.metrics.rejected(record.name, model, decision.refused or "")
@@ -172,40 +243,80 @@ class Tenancy:
 
     # -- writing usage -------------------------------------------------------------------------
     async def _write(self, settlements: list[Settlement]) -> None:
-        if self._pending:  # keep the order: after what is already waiting
-            self._pending.extend(settlements)
-            return
-        try:
-            await self.store.settle(settlements)
-        except Exception as exc:  # whatever the store says, the usage is kept and written later
-            if isinstance(exc, StoreUnavailable):
-                log.warning("%s: usage kept in memory until it answers", exc)
-            else:
-                log.exception("writing usage failed: kept in memory, tried again every %gs", FLUSH_INTERVAL_S)
-            self._pending.extend(settlements)
-            if self._flusher is None or self._flusher.done():
-                self._flusher = asyncio.create_task(self._flush_loop())
+        """Queue them (in order, after what is already waiting) for the writer task and wait for the write
+        round that holds them: written, or kept in the buffer when the store failed. Never raises."""
+        self._pending.extend(settlements)
+        for s in settlements:
+            if s.release:
+                self._releasing[s.name] = self._releasing.get(s.name, 0) + 1
+        if self._next_round is None:
+            self._next_round = asyncio.get_running_loop().create_future()
+        round_done = self._next_round
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_loop())
+        await asyncio.shield(round_done)
 
     async def _flush_loop(self) -> None:
-        while self._pending:
-            await asyncio.sleep(FLUSH_INTERVAL_S)
-            await self.flush()  # never raises for a store's error, whatever it is: the loop outlives them
+        """One store call per round for everything queued, until nothing is; after a failed round it waits
+        FLUSH_INTERVAL_S. Never stops on a store's error, whatever it is (flush() turns each into False)."""
+        try:
+            while self._pending:
+                await self.flush()
+                if self._failing:
+                    await asyncio.sleep(FLUSH_INTERVAL_S)
+        finally:
+            for fut in (self._round, self._next_round):  # nobody waits past the writer (close() cancels it)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+            self._round = self._next_round = None
+
+    async def _released(self, name: str) -> None:
+        """Wait for this process's queued releases of `name` to be written, unless the writer is failing (they
+        wait in the buffer then; the leases expire if never written)."""
+        for _ in range(3):
+            if not self._releasing.get(name) or self._failing:
+                return
+            fut = self._next_round or self._round
+            if fut is None:
+                return
+            await asyncio.shield(fut)
 
     async def flush(self) -> bool:
-        """Write what is buffered; True when nothing is left."""
+        """Write what is buffered, in one store call; True when nothing is left."""
         batch = self._pending[:]
-        if not batch:
-            return True
+        self._round, self._next_round = self._next_round, None
+        try:
+            if batch:
+                await self._write_batch(batch)
+        finally:
+            if self._round is not None and not self._round.done():
+                self._round.set_result(None)
+            self._round = None
+        return not self._pending
+
+    async def _write_batch(self, batch: list[Settlement]) -> None:
         try:
             await self.store.settle(batch)  # safe to repeat: the store applies each request id once
-        except StoreUnavailable:
-            return False
-        except Exception:  # a store bug must not lose usage (close() spools what is left)
-            log.exception("writing %d buffered usage record(s) failed", len(batch))
-            return False
+        except Exception as exc:  # a store bug must not lose usage either (close() spools what is left)
+            if not self._failing:
+                if isinstance(exc, StoreUnavailable):
+                    log.warning("%s: usage kept in memory until it answers", exc)
+                else:
+                    log.exception("writing %d usage record(s) failed: kept in memory, tried again every %gs",
+                                  len(batch), FLUSH_INTERVAL_S)
+            self._failing = True
+            return
         del self._pending[:len(batch)]
-        log.info("wrote %d buffered usage record(s) to the key store", len(batch))
-        return not self._pending
+        for s in batch:
+            if s.release:
+                left = self._releasing.get(s.name, 0) - 1
+                if left > 0:
+                    self._releasing[s.name] = left
+                else:
+                    self._releasing.pop(s.name, None)
+        if self._failing:
+            self._failing = False
+            log.info("wrote %d buffered usage record(s) to the key store", len(batch))
 
     @property
     def pending(self) -> int:
@@ -213,7 +324,7 @@ class Tenancy:
 
     async def close(self) -> None:
         """At shutdown: write the buffer, else spool it to a file; nothing is lost."""
-        for task in (self._flusher, self._renewer):
+        for task in (self._flusher, self._renewer, self._watcher):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -250,6 +361,8 @@ class Tenancy:
         log.info("replayed %d spooled usage record(s)", len(lines))
 
     async def start(self) -> None:
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch())
         await self.required()
         await self._replay_spool()
 

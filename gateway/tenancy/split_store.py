@@ -10,6 +10,7 @@ settlement is replayed later without charging the first twice."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -47,7 +48,10 @@ class SplitKeyStore:
     async def replace_secret(self, name: str, secret_hash: str) -> KeyRecord | None:
         return await self.keys.replace_secret(name, secret_hash)
 
-    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str) -> Decision:
+    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str,
+                      secret_hash: str | None = None) -> Decision:
+        """The secret is not checked here (the keys are in the other store: one round trip each would be two);
+        revocation reaches this process by the keys store's push (service.py's bounds)."""
         return await self.counters.reserve(name, limits, cost, request_id)
 
     async def renew(self, leases: list[tuple[str, str]]) -> None:
@@ -64,6 +68,9 @@ class SplitKeyStore:
 
     async def usage(self, name: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
         return await self.keys.usage(name, since)
+
+    async def watch(self, changed: Callable[[bool], None]) -> None:
+        await self.keys.watch(changed)  # the keys live there
 
     async def close(self) -> None:
         try:

@@ -11,7 +11,12 @@ queries themselves (benchmarks/tenancy_overhead.py).
 Accounting is idempotent: `applied` holds the request ids already reserved (`r:ID`) and settled
 (`s:ID`), pruned after APPLIED_KEEP_MS; a concurrency slot is a row of `leases` that expires
 unless renewed. `meta` holds "keys are on" (`auth`: 1 or 0); a file written before it existed
-counts as on when it holds any key record, revoked or not."""
+counts as on when it holds any key record, revoked or not.
+
+Key changes (`watch`): a revoke or rotation adds one to `meta`'s `keys_version` in its transaction and
+tells this process's watcher at once; the watcher reads the counter every WATCH_POLL_S on the loop's
+connection (`PRAGMA data_version` first: nothing else is read while no other connection committed),
+so another process's change (`enginegate keys revoke`, another gateway) is seen within WATCH_POLL_S."""
 
 from __future__ import annotations
 
@@ -44,6 +49,8 @@ from gateway.tenancy.store import (
 T = TypeVar("T")
 BUSY_TIMEOUT_S = 5.0
 PRUNE_EVERY = 256  # settle transactions between two prunings of the applied request ids (the first one prunes)
+WATCH_POLL_S = 0.1
+"""How often the key watch looks for another process's key change (one PRAGMA data_version when there is none)."""
 CHECKPOINT_EVERY = 256  # commits on the loop's connection between two checkpoints (on the worker thread)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS keys (
@@ -74,6 +81,8 @@ CREATE TABLE IF NOT EXISTS usage (
 """
 
 
+_BUMP_KEYS = ("INSERT INTO meta (key, value) VALUES ('keys_version', '1') ON CONFLICT (key) "
+              "DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)")
 _SET_AUTH = "INSERT INTO meta (key, value) VALUES ('auth', ?1) ON CONFLICT (key) DO UPDATE SET value = ?1"
 
 
@@ -113,6 +122,7 @@ class SQLiteKeyStore:
         self._loop_db: sqlite3.Connection | None = None
         self._commits = 0
         self._settles = 0
+        self._changed: Callable[[bool], None] | None = None
 
     # -- the worker thread -------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -239,11 +249,58 @@ class SQLiteKeyStore:
         await self._run(self._tx, body)
 
     async def revoke(self, name: str, at: float) -> KeyRecord | None:
-        return await self._run(self._tx, lambda db: self._update(db, name, lambda r: replace(r, revoked_at=at), None))
+        return await self._change_key(lambda db: self._update(db, name, lambda r: replace(r, revoked_at=at), None))
 
     async def replace_secret(self, name: str, secret_hash: str) -> KeyRecord | None:
-        return await self._run(self._tx, lambda db: self._update(db, name, lambda r: replace(r, secret_hash=secret_hash),
-                                                                 secret_hash))
+        return await self._change_key(lambda db: self._update(db, name, lambda r: replace(r, secret_hash=secret_hash),
+                                                              secret_hash))
+
+    async def _change_key(self, body: Callable[[sqlite3.Connection], KeyRecord | None]) -> KeyRecord | None:
+        try:
+            return await self._run(self._tx, body)
+        finally:  # even when it failed: it may have committed
+            if self._changed is not None:
+                self._changed(True)
+
+    def _keys_version(self, last_data_version: int | None) -> tuple[int, str | None]:
+        """(data_version, keys_version) read on the loop's connection; keys_version None: not read (nothing
+        committed by another connection since `last_data_version`)."""
+        db = self._loop_conn()
+        assert db is not None
+        data_version = int(db.execute("PRAGMA data_version").fetchone()[0])
+        if data_version == last_data_version:
+            return data_version, None
+        row = db.execute("SELECT value FROM meta WHERE key = 'keys_version'").fetchone()
+        return data_version, str(row[0]) if row else "0"
+
+    async def watch(self, changed: Callable[[bool], None]) -> None:
+        self._changed = changed
+        live = False
+        data_version: int | None = None
+        keys_version: str | None = None
+        try:
+            while True:
+                try:
+                    if self._loop_conn() is None and self.path.exists():
+                        await self._run(self._conn)  # the file exists (another process made it): open it here too
+                    if self._loop_conn() is None:
+                        now: str | None = "absent"  # no file: no key to cache; a change makes the file
+                    else:
+                        data_version, now = self._keys_version(data_version)
+                        if now is None:
+                            now = keys_version
+                    if not live or now != keys_version:
+                        keys_version, live = now, True
+                        changed(True)
+                except (sqlite3.Error, OSError, StoreUnavailable):
+                    self._loop_db = None
+                    data_version = keys_version = None
+                    if live:
+                        live = False
+                        changed(False)
+                await asyncio.sleep(WATCH_POLL_S)
+        finally:
+            self._changed = None
 
     @staticmethod
     def _update(db: sqlite3.Connection, name: str, change: Callable[[KeyRecord], KeyRecord],
@@ -254,11 +311,13 @@ class SQLiteKeyStore:
         record = change(KeyRecord.from_json(orjson.loads(row[0])))
         db.execute("UPDATE keys SET secret_hash = ?, record = ? WHERE name = ?",
                    (new_hash, orjson.dumps(record.to_json()), name))
+        db.execute(_BUMP_KEYS)
         return record
 
     # -- limits ------------------------------------------------------------------------------
-    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str) -> Decision:
-        return await self._write(lambda db: self._reserve(db, name, limits, cost, request_id))
+    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str,
+                      secret_hash: str | None = None) -> Decision:
+        return await self._write(lambda db: self._reserve(db, name, limits, cost, request_id, secret_hash))
 
     @staticmethod
     def _window(db: sqlite3.Connection, name: str, kind: str, now_ms: int, window_ms: int) -> tuple[int, int]:
@@ -277,7 +336,11 @@ class SQLiteKeyStore:
             "started_ms = CASE WHEN ?3 - started_ms >= ?5 THEN ?3 ELSE started_ms END",
             (name, kind, now_ms, n, window_ms))
 
-    def _reserve(self, db: sqlite3.Connection, name: str, limits: Limits, cost: int, request_id: str) -> Decision:
+    def _reserve(self, db: sqlite3.Connection, name: str, limits: Limits, cost: int, request_id: str,
+                 secret_hash: str | None) -> Decision:
+        if secret_hash is not None and db.execute("SELECT 1 FROM keys WHERE name = ? AND secret_hash = ?",
+                                                  (name, secret_hash)).fetchone() is None:
+            return Decision(limits, Counters(), "revoked")
         now_ms = int(time.time() * 1000)
         replay = db.execute("SELECT 1 FROM applied WHERE id = ?", ("r:" + request_id,)).fetchone() is not None
         requests, requests_reset = self._window(db, name, "requests", now_ms, limits.window_ms) if limits.rpm else (0, 0)

@@ -9,12 +9,17 @@ Accounting is idempotent: every `reserve` and `settle` carries the request's id,
 applies each at most once (a call replayed after a timeout, which the store may already have run,
 changes nothing). A concurrency slot is a lease held under the request's id: `renew` extends it
 (the gateway heartbeats every `LEASE_RENEW_S`), a lease not renewed for `LEASE_TTL_MS` expires,
-so a dead gateway's slots come back within a minute; `release_leases` is the admin reset."""
+so a dead gateway's slots come back within a minute; `release_leases` is the admin reset.
+
+Key changes are pushed: `watch` tells this process when a key was revoked or rotated anywhere, so
+the service may cache lookups (service.py states the bounds), and tells it when the push channel
+is lost, so it caches nothing while it could miss a change."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from gateway.tenancy.keys import KeyRecord
@@ -37,6 +42,10 @@ LEASE_TTL_MS = 30_000
 """A concurrency lease not renewed for this long is gone (its gateway died)."""
 LEASE_RENEW_S = 10.0
 """How often a gateway renews the leases of its requests in flight."""
+WATCH_PING_S = 1.0
+"""How often a key watch proves its push channel alive (a ping, or a poll of the SQLite file)."""
+WATCH_DEAD_S = 3.0
+"""A push channel silent this long (no answer to its pings) counts as lost."""
 APPLIED_KEEP_MS = 86_400_000
 """How long a store remembers that it applied a request id (reserve or settle)."""
 
@@ -112,11 +121,15 @@ class KeyStore(Protocol):
 
     async def replace_secret(self, name: str, secret_hash: str) -> KeyRecord | None: ...
 
-    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str) -> Decision:
+    async def reserve(self, name: str, limits: Limits, cost: int, request_id: str,
+                      secret_hash: str | None = None) -> Decision:
         """Check the limits and, when they allow it, charge one request, `cost` tokens and (when
         limits.concurrency is set) a lease under `request_id`: one atomic step across every process
         sharing the store. A replay of an id already reserved charges nothing again and answers
-        an admitted decision."""
+        an admitted decision. With `secret_hash` (the secret the request was authenticated with), the
+        same step first checks that `name` is still an active key with that secret: refused
+        `revoked`, charging nothing, when it is not (so a cached lookup can never admit a revoked key
+        that has limits)."""
         ...
 
     async def renew(self, leases: list[tuple[str, str]]) -> None:
@@ -133,6 +146,14 @@ class KeyStore(Protocol):
 
     async def usage(self, name: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
         """Rows per key, model and UTC day (since: YYYY-MM-DD, inclusive)."""
+        ...
+
+    async def watch(self, changed: Callable[[bool], None]) -> None:
+        """Push key changes until cancelled. `changed(True)`: the channel is live (called once it is, again
+        after every reconnect) or a key was revoked or rotated by any process; `changed(False)`: the channel
+        is lost, or may be (no answer to a ping within WATCH_DEAD_S). A lookup cache drops everything at every
+        call and fills only between a `changed(True)` and the next `changed(False)`. Reconnects by itself and
+        never raises for a store fault."""
         ...
 
     async def close(self) -> None: ...

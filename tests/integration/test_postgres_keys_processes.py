@@ -168,3 +168,42 @@ def test_the_database_stopped_answers_503_in_time_and_the_next_request_after_it_
         r = chat(gw, secret)
         assert r.status_code == 200, r.text
         assert "Traceback" not in gw.log()
+
+
+def test_a_key_cached_on_both_gateways_and_revoked_on_one_is_refused_by_the_others_next_request(
+        gateways: tuple[RunningGateway, RunningGateway], database: tuple[PostgresServer, str]) -> None:
+    """No key limits: nothing but the lookup cache and its push (LISTEN/NOTIFY) stands between the revoke and
+    the other gateway; the revoke's NOTIFY is delivered before its reply, so the very next request is refused."""
+    one, two = gateways
+    _, url = database
+    secret = create_key(url, "cached")
+    for _ in range(3):
+        assert all(chat(gw, secret).status_code == 200 for gw in gateways)  # cached on both now
+    assert httpx.post(one.url + "/admin/keys/cached/revoke", headers=ADMIN, timeout=10).status_code == 200
+    r = chat(two, secret)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_when_the_push_connection_dies_no_gateway_accepts_a_key_revoked_meanwhile(
+        gateways: tuple[RunningGateway, RunningGateway], database: tuple[PostgresServer, str]) -> None:
+    """The listening connections killed by the server: each gateway drops its cache and caches nothing until it
+    listens again, so a key revoked while nobody listens is refused at once; the cache comes back after."""
+    server, url = database
+    for round_ in range(3):
+        name = f"unpushed-{round_}"
+        secret = create_key(url, name)
+        assert all(chat(gw, secret).status_code == 200 for gw in gateways)
+        killed = server.psql("enginegate", "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                             "WHERE application_name = 'enginegate-keys-watch') AS t")
+        assert int(killed) == 2  # one listener per gateway
+        assert enginegate(url, "keys", "revoke", name).returncode == 0  # nobody listening
+        for gw in gateways:
+            r = chat(gw, secret)
+            assert r.status_code == 401, f"round {round_}: a key revoked while the push was down was accepted"
+    deadline = time.monotonic() + REVOKE_WAIT_S  # the listeners come back by themselves
+    while int(server.psql("enginegate", "SELECT count(*) FROM pg_stat_activity "
+                          "WHERE application_name = 'enginegate-keys-watch'")) < 2:
+        assert time.monotonic() < deadline, "the gateways did not listen again"
+        time.sleep(0.1)
+    for gw in gateways:
+        assert "Traceback" not in gw.log()

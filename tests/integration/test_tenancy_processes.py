@@ -174,6 +174,33 @@ def test_a_revoked_key_fails_on_its_next_request_in_every_gateway(gateways: tupl
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
 
 
+def test_when_the_push_connection_dies_no_gateway_accepts_a_key_revoked_meanwhile(
+        gateways: tuple[RunningGateway, RunningGateway], redis: RedisServer) -> None:
+    """The subscriptions killed by the server: each gateway drops its cache and caches nothing until it is
+    subscribed again, so a key (no limits: only the cache stands in the way) revoked meanwhile is refused at once."""
+    import redis as redis_client
+
+    one, two = gateways
+    admin = redis_client.Redis.from_url(redis.url)
+    try:
+        for round_ in range(3):
+            secret = create_key(one, f"unpushed-{round_}")
+            auth = {"Authorization": f"Bearer {secret}"}
+            for gw in gateways:
+                assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=auth, timeout=30).status_code == 200
+            assert admin.client_kill_filter(_type="pubsub") >= 2  # one subscriber per gateway
+            assert httpx.post(two.url + f"/admin/keys/unpushed-{round_}/revoke", headers=ADMIN, timeout=10).status_code == 200
+            for gw in gateways:
+                r = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=auth, timeout=30)
+                assert r.status_code == 401, f"round {round_}: a key revoked while the push was down was accepted"
+        deadline = time.monotonic() + 10  # the subscriptions come back by themselves
+        while len(admin.pubsub_channels()) < 1 or admin.pubsub_numsub("enginegate:keys-changed")[0][1] < 2:
+            assert time.monotonic() < deadline, "the gateways did not subscribe again"
+            time.sleep(0.1)
+    finally:
+        admin.close()
+
+
 def test_the_official_clients_retry_after_a_429_and_succeed(gateways: tuple[RunningGateway, RunningGateway]) -> None:
     one, two = gateways
     secret = create_key(one, "retrying", rpm=1, window_seconds=2)

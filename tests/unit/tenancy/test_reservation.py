@@ -90,6 +90,7 @@ async def test_a_budget_holds_its_bound_under_concurrency(stores: tuple[KeyStore
     prompt `error` tokens over the estimate and generates up to max_tokens."""
     budget, max_tokens, n = 300, 16, 30
     record, _ = new_record("b", KeyPolicy(budget_tokens=budget, budget_period="day"))
+    await stores[0].create(record)  # a stored key: each reserve checks it is still active
     gateways = [Tenancy(store) for store in stores]
     charge = reservation(view_of({**HELLO, "max_tokens": max_tokens}), 2048)
     in_flight = peak = 0

@@ -49,6 +49,7 @@ async def wait_for(done: Any, what: str, limit_s: float = 10.0) -> None:
 async def test_the_heartbeat_keeps_a_running_requests_slot(tmp_path: Path) -> None:
     record = new_record("hb", KeyPolicy(max_concurrency=1))[0]
     here = Tenancy(SQLiteKeyStore(tmp_path / "k.sqlite3", lease_ttl_ms=TTL_MS), lease_renew_s=TTL_MS / 4000)
+    await here.store.create(record)  # a stored key: each reserve checks it is still active
     other = Tenancy(SQLiteKeyStore(tmp_path / "k.sqlite3", lease_ttl_ms=TTL_MS))  # another gateway on the file
     ticket = await here.reserve(record, "m", Reservation(1, 0))
     await asyncio.sleep(3 * TTL_MS / 1000)  # three expiries: only the heartbeat keeps it
@@ -66,6 +67,7 @@ async def test_a_buffered_settle_lets_its_lease_expire_and_the_flush_writes_it_o
     record = new_record("buf", KeyPolicy(max_concurrency=1))[0]
     store = FaultyStore(SQLiteKeyStore(tmp_path / "k.sqlite3", lease_ttl_ms=TTL_MS))
     here = Tenancy(store, lease_renew_s=TTL_MS / 4000)  # type: ignore[arg-type]
+    await here.store.create(record)  # a stored key: each reserve checks it is still active
     other = Tenancy(SQLiteKeyStore(tmp_path / "k.sqlite3", lease_ttl_ms=TTL_MS))
     ticket = await here.reserve(record, "m", Reservation(1, 0))
     store.settle_faults = [StoreUnavailable("down")] * 1000  # the store stays down for the settle and the flushes
@@ -89,6 +91,7 @@ async def test_the_flusher_outlives_an_exception_other_than_store_unavailable(tm
     record = new_record("fl", KeyPolicy(rpm=100))[0]
     store = FaultyStore(SQLiteKeyStore(tmp_path / "k.sqlite3"))
     tenancy = Tenancy(store)  # type: ignore[arg-type]
+    await tenancy.store.create(record)  # a stored key: each reserve checks it is still active
     ticket = await tenancy.reserve(record, "m", Reservation(1, 0))
     store.settle_faults = [StoreUnavailable("down"), fault, fault, StoreUnavailable("down"), fault]
     await tenancy.settle(ticket, failed=False, engine_s=0.0)  # buffered; then the flusher meets every fault
@@ -104,6 +107,7 @@ async def test_a_settle_that_raises_something_else_keeps_the_usage(tmp_path: Pat
     record = new_record("ex", KeyPolicy(rpm=100))[0]
     store = FaultyStore(SQLiteKeyStore(tmp_path / "k.sqlite3"))
     tenancy = Tenancy(store)  # type: ignore[arg-type]
+    await tenancy.store.create(record)  # a stored key: each reserve checks it is still active
     ticket = await tenancy.reserve(record, "m", Reservation(1, 0))
     store.settle_faults = [RuntimeError("first write")]
     await tenancy.settle(ticket, failed=False, engine_s=0.0)  # no exception reaches the request

@@ -7,6 +7,7 @@ A new store joins with one line in tests/stores/key_stores.STORES."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -149,3 +150,83 @@ async def test_concurrency_is_exact_under_a_burst_from_two_clients(clients: Clie
     await asyncio.gather(*(([a, b][i % 2]).settle([settlement(rid, "c", lim)]) for i, rid in enumerate(admitted)))
     again = await asyncio.gather(*(([a, b][i % 2]).reserve("c", lim, 1, f"d{i}") for i in range(20)))
     assert sum(d.admitted for d in again) == 5
+
+
+class Events:
+    """What a store's watch reports: True (live, or a key changed), False (the channel lost)."""
+
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+        self.changed = asyncio.Event()
+
+    def __call__(self, live: bool) -> None:
+        self.seen.append(live)
+        self.changed.set()
+
+    async def next(self) -> bool:
+        await asyncio.wait_for(self.changed.wait(), 10)  # a hang guard, not a latency bound
+        self.changed.clear()
+        return self.seen[-1]
+
+
+async def test_a_revoke_or_rotation_by_another_client_is_pushed_to_the_watch(clients: Clients) -> None:
+    gateway, other = clients(), clients()
+    first, _ = new_record("watched", KeyPolicy())
+    await other.create(first)
+    events = Events()
+    watch = asyncio.create_task(gateway.watch(events))
+    try:
+        assert await events.next() is True  # live: from here a lookup may be cached
+        seen = len(events.seen)
+        assert (await gateway.lookup(first.secret_hash)) is not None
+        await asyncio.sleep(0.3)
+        assert len(events.seen) == seen  # lookups and usage are no key change
+        await other.settle([settlement("w1", "watched", None, release=False)])
+        await asyncio.sleep(0.3)
+        assert len(events.seen) == seen
+        await other.replace_secret("watched", "0" * 64)
+        assert await events.next() is True
+        await other.revoke("watched", 1.0)
+        assert await events.next() is True
+        second, _ = new_record("mine", KeyPolicy())
+        await gateway.create(second)
+        await asyncio.sleep(0.3)
+        events.changed.clear()
+        await gateway.revoke("mine", 3.0)  # this client's own change reaches its own watch too
+        assert await events.next() is True
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+
+
+async def test_a_reserve_under_a_revoked_or_rotated_secret_is_refused_and_charges_nothing(clients: Clients) -> None:
+    a, b = clients(), clients()
+    record, _ = new_record("checked", KeyPolicy())
+    await a.create(record)
+    lim = limits(rpm=2, tpm=1000, budget_tokens=100, max_concurrency=1)
+    assert (await b.reserve("checked", lim, 10, "c1", record.secret_hash)).admitted
+    await a.replace_secret("checked", "0" * 64)  # rotated by the other process
+    assert (await b.reserve("checked", lim, 10, "c2", record.secret_hash)).refused == "revoked"
+    assert (await b.reserve("checked", lim, 10, "c3", "1" * 64)).refused == "revoked"  # never its secret
+    await b.settle([settlement("c1", "checked", lim, -10)])
+    after = await b.reserve("checked", lim, 10, "c4", "0" * 64)  # the new secret: nothing of c2, c3 was charged
+    assert after.admitted and (after.counters.requests, after.counters.inflight, after.counters.budget_used) == (2, 1, 10)
+    await a.revoke("checked", 1.0)
+    assert (await b.reserve("checked", lim, 10, "c5", "0" * 64)).refused == "revoked"
+    assert (await b.reserve("unknown", lim, 10, "c6", "0" * 64)).refused == "revoked"
+    assert (await b.reserve("unknown", lim, 10, "c7")).admitted  # no secret given: limits only (config-file keys)
+
+
+async def test_one_settle_call_of_many_tenants_applies_each_once_and_its_replay_nothing(clients: Clients) -> None:
+    a = clients()
+    lim = limits(max_concurrency=10, tpm=1000)
+    for i in range(6):
+        assert (await a.reserve(f"t{i % 2}", lim, 10, f"m{i}")).admitted
+    batch = [settlement(f"m{i}", f"t{i % 2}", lim, -5) for i in range(6)]  # the writer's batch: tenants interleaved
+    await a.settle(batch)
+    await a.settle(batch)  # the same batch replayed whole (a write that timed out)
+    for name in ("t0", "t1"):
+        assert [r["requests"] for r in await a.usage(name)] == [3]
+        after = await a.reserve(name, lim, 10, f"after-{name}")
+        assert after.counters.inflight == 1 and after.counters.tokens == 3 * 5 + 10  # every slot freed, refunds once
