@@ -94,6 +94,10 @@ class StreamEvent:
     usage: Usage | None = None
     finish_reason: str | None = None
     is_error: bool = False
+    more: bool = False
+    """Another event that came in the same upstream read follows at once: a writer may hold this
+    one's bytes and send them together with the rest (the relay passes on what it read in one
+    piece as one piece; it never holds an event back to wait for another)."""
 
 
 @dataclass(slots=True)

@@ -345,20 +345,28 @@ class Relay:
                     yield error_event(f"{self.engine} connection lost mid-stream: {exc}", "engine_disconnected")
                     return
                 payloads = parser.feed(chunk) if chunk else parser.close()
+                events: list[StreamEvent] = []
+                end = False
                 for payload in payloads:
                     if payload == b"[DONE]":
-                        clean = True
-                        return
+                        clean = end = True
+                        break
                     event = observe(payload, drop_usage, tool_deltas)
                     if event.usage is not None and event.data:
-                        for part in split_usage(event, drop_usage):
-                            yield part
+                        events.extend(split_usage(event, drop_usage))
                     else:
-                        yield event
+                        events.append(event)
                     if event.is_error:
-                        return
+                        end = True
+                        break
                     if event.finish_reason is not None:
                         finished = True
+                for event in events[:-1]:
+                    event.more = True  # one read, one write to the client
+                for event in events:
+                    yield event
+                if end:
+                    return
                 if not chunk:
                     if finished:
                         clean = True

@@ -26,6 +26,7 @@ from gateway.api import (
     tokenize,
 )
 from gateway.api.errors import install_error_handlers
+from gateway.api.hot_routes import HotRoutes
 from gateway.api.response_store import StoreUnavailable
 from gateway.api.openapi import install_openapi
 from gateway.config import Settings
@@ -57,7 +58,12 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     for module in (chat, completions, embeddings, tokenize, responses, messages, models, health, observe, status, engines, admin_models, admin_keys):
         app.include_router(module.router)
     # Outermost first at request time: metrics see every request, the drain refuses new ones,
-    # auth before the body is read.
+    # auth before the body is read; the generation routes innermost, past the router.
+    app.add_middleware(HotRoutes, routes={
+        "/v1/chat/completions": chat.chat_completions, "/v1/completions": completions.completions,
+        "/v1/embeddings": embeddings.embeddings, "/v1/responses": responses.create_response,
+        "/v1/messages": messages.messages, "/v1/messages/count_tokens": messages.count_tokens,
+    })
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, timeout=settings.body_timeout_seconds)
     app.add_middleware(AuthMiddleware, tenancy=app.state.tenancy, retry_after_seconds=settings.retry_after_seconds)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)

@@ -14,13 +14,14 @@ Buckets (seconds unless named otherwise), chosen for LLM serving:
 
 from __future__ import annotations
 
+import os
 import platform
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+import prometheus_client
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.metrics_core import Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -88,6 +89,52 @@ ENGINE_STAT_GAUGES: dict[str, tuple[str, str]] = {
         "Speculative decoding: drafted tokens the engine reports accepted (its counter).",
     ),
 }
+
+
+class _CachedChildren:
+    """`labels()` from a dict of the children already made, keyed by the values asked for.
+
+    prometheus_client validates, stringifies and takes a lock on every `labels()` call; the serving
+    path makes a dozen a request and one per streamed token. Removing or clearing children empties
+    the cache, so a removed child is never counted into again."""
+
+    _cached: dict[tuple[object, ...], Any] | None = None
+
+    def labels(self, *labelvalues: object, **labelkwargs: object) -> Any:
+        if labelkwargs:
+            return super().labels(*labelvalues, **labelkwargs)  # type: ignore[misc]
+        cache = self._cached
+        if cache is None:
+            cache = self._cached = {}
+        try:
+            return cache[labelvalues]
+        except KeyError:
+            child = cache[labelvalues] = super().labels(*labelvalues)  # type: ignore[misc]
+            return child
+
+    def remove(self, *labelvalues: Any) -> None:
+        self._cached = None
+        super().remove(*labelvalues)  # type: ignore[misc]
+
+    def remove_by_labels(self, labels: dict[str, str]) -> None:
+        self._cached = None
+        super().remove_by_labels(labels)  # type: ignore[misc]
+
+    def clear(self) -> None:
+        self._cached = None
+        super().clear()  # type: ignore[misc]
+
+
+class Counter(_CachedChildren, prometheus_client.Counter):
+    pass
+
+
+class Gauge(_CachedChildren, prometheus_client.Gauge):
+    pass
+
+
+class Histogram(_CachedChildren, prometheus_client.Histogram):
+    pass
 
 
 def route_label(path: str) -> str:
@@ -460,7 +507,7 @@ class MetricsMiddleware:
             return
         started = time.perf_counter()
         route = route_label(scope["path"])
-        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
+        request_id = _header(scope, b"x-request-id") or new_request_id()
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         timing = state[TIMING_STATE_KEY] = RequestTiming()
@@ -500,5 +547,10 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def new_request_id() -> str:
+    """32 random hex digits, as uuid4().hex has them (without building a UUID: this is per request)."""
+    return os.urandom(16).hex()
+
+
 def request_id(scope: dict[str, Any]) -> str:
-    return str(scope.get("state", {}).get("request_id") or uuid.uuid4().hex)
+    return str(scope.get("state", {}).get("request_id") or new_request_id())

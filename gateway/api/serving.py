@@ -12,6 +12,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from adapters.base import (
     Adapter,
@@ -25,7 +26,7 @@ from adapters.base import (
     UnsupportedError,
 )
 from adapters.upstream_errors import stream_failure
-from gateway.api.disconnect import ClientGone, unless_disconnected
+from gateway.api.disconnect import ClientGone, ClientWatch
 from gateway.api.errors import CLIENT_CLOSED, APIError, echoed, error_payload, error_response
 from gateway.api.validate import check_output_limits
 from gateway.drain import SHUTTING_DOWN, Drain
@@ -59,6 +60,8 @@ OPERATIONS: dict[Operation, Callable[[Adapter, dict[str, Any], RequestContext], 
 """The adapter's typed operation for each route."""
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_RAW_HEADERS = StreamingResponse(iter(()), media_type="text/event-stream", headers=SSE_HEADERS).raw_headers
+"""What Starlette's StreamingResponse sent for a stream (content-type with its charset)."""
 DONE = b"data: [DONE]\n\n"
 SHUTDOWN_MESSAGE = "the gateway is shutting down: the drain grace period ended before this request finished"
 
@@ -289,36 +292,73 @@ async def generate(
     demand = request_demand(request, body, view)  # a header it cannot read is the client's 400, before any limit is spent
     body = within_ceiling(body, demand, caller_of(request.scope))
     ticket = await reserve_limits(request, backend, view, facts)
-    work = _admitted_call(request, backend, run, body, ctx, request_route(request, backend, view, body), demand)
+    route = request_route(request, backend, view, body)
+    watch = ClientWatch(request.receive)  # the work runs in this task; the client leaving cancels it
+    streaming = False
     try:
         with drain.guard():
             try:
-                lease, result = await unless_disconnected(request.receive, work, _discard)
+                lease, result = await _admitted_call(request, backend, run, body, ctx, route, demand)
             except asyncio.CancelledError:
+                if watch.caused():
+                    drain.ending()  # the drain may have cancelled it too: taken back as well
+                    raise ClientGone from None
                 if not drain.ending():
                     raise
                 m.errors.labels(backend.model_id, "cancelled").inc()
                 return error_response(503, SHUTDOWN_MESSAGE, code=SHUTTING_DOWN,
                                       headers={"Retry-After": str(drain.retry_after)})
+        if not isinstance(result, Completion):
+            streaming = True  # the watch goes on with the stream, which stops it
+            sse = _sse(TimedStream(result, request_timing(request.scope)), backend, lease, m, arrived, dialect.writer(),
+                       drain, ticket)
+            return EventStream(sse, watch)
     except ClientGone:
         m.disconnects.labels(backend.model_id, backend.engine).inc()
         m.errors.labels(backend.model_id, "cancelled").inc()
         log.info("client disconnected before the response to %s; its work was cancelled", backend.model_id)
         return Response(status_code=CLIENT_CLOSED)
-    if isinstance(result, Completion):
-        lease.report(result.usage)
-        lease.release()
-        if result.usage is not None:
-            _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
-            ticket.record(result.usage.prompt_tokens, result.usage.completion_tokens)
-        if result.status < 400:
-            m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
-        return await dialect.complete(result)
-    return StreamingResponse(
-        _sse(TimedStream(result, request_timing(request.scope)), backend, lease, m, arrived, dialect.writer(), drain, ticket),
-        media_type="text/event-stream",
-        headers=SSE_HEADERS,
-    )
+    finally:
+        if not streaming:
+            watch.stop()
+    lease.report(result.usage)
+    lease.release()
+    if result.usage is not None:
+        _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
+        ticket.record(result.usage.prompt_tokens, result.usage.completion_tokens)
+    if result.status < 400:
+        m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
+    return await dialect.complete(result)
+
+
+class EventStream(Response):
+    """The SSE response: each chunk one body message; the request's `ClientWatch` goes on watching, so
+    a client that leaves cancels the stream where it waits (then `_sse` closes the adapter's stream
+    and frees the slot), as Starlette's StreamingResponse does with a task group and a listener of
+    its own for every stream."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[bytes], watch: ClientWatch) -> None:
+        self._chunks = chunks
+        self._watch = watch
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = list(SSE_RAW_HEADERS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for chunk in self._chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self._watch.stop()  # before the last message, after which every receive says disconnect
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not self._watch.caused():
+                raise
+        finally:
+            self._watch.stop()
+            await self._chunks.aclose()  # type: ignore[attr-defined]
 
 
 async def _admitted_call(
@@ -354,20 +394,6 @@ async def _admitted_call(
             raise
 
 
-def _discard(leased: tuple[Lease, ChatResult]) -> None:
-    """A result nobody will read: free its slot, and close a stream so its generation stops."""
-    lease, result = leased
-    lease.release()
-    close = getattr(result, "aclose", None)
-    if close is not None:
-        task = asyncio.ensure_future(close())
-        _closing.add(task)
-        task.add_done_callback(_closing.discard)
-
-
-_closing: set[asyncio.Future[Any]] = set()
-
-
 async def _sse(
     events: AsyncIterator[StreamEvent],
     backend: Backend,
@@ -383,6 +409,7 @@ async def _sse(
     usage = None
     ended = False
     content_events = 0
+    held = b""  # bytes of events that came with more in one upstream read
     failure: BaseException | None = None
     drain = drain or Drain(grace=0.0)
     guarded = drain.register()  # the drain may end this stream: an error event, then the end
@@ -405,6 +432,11 @@ async def _sse(
                     m.errors.labels(backend.model_id, "engine_stream").inc()
                     failure = stream_failure(event.data)
                 out = writer.event(event)
+                if event.more and not event.is_error:
+                    held += out  # sent with the rest of its upstream read
+                    continue
+                if held:
+                    out, held = held + out, b""
                 if out:
                     yield out
                 if event.is_error:
@@ -415,25 +447,25 @@ async def _sse(
                 raise
             m.errors.labels(backend.model_id, "cancelled").inc()
             ended = True
-            yield writer.error(503, SHUTDOWN_MESSAGE)
+            yield held + writer.error(503, SHUTDOWN_MESSAGE)
             return
         except (EngineError, UnsupportedError, ClientRequestError) as exc:
             _count_error(m, backend, exc)
             failure = exc
             ended = True
             status = getattr(exc, "status", 400)
-            yield writer.error(status, exc.message)
+            yield held + writer.error(status, exc.message)
             return
         except Exception as exc:  # never a hung or half-open stream
             log.exception("stream failed")
             _count_error(m, backend, exc)
             failure = exc
             ended = True
-            yield writer.error(500, f"stream failed: {type(exc).__name__}")
+            yield held + writer.error(500, f"stream failed: {type(exc).__name__}")
             return
         ended = True
         m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
-        yield await writer.end()
+        yield held + await writer.end()
     finally:
         drain.unregister(guarded)
         await events.aclose()  # type: ignore[attr-defined]

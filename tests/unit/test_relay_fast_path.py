@@ -1,0 +1,118 @@
+"""The relay's fast path (issue 38.3): hot routes past the router, one upstream read sent as one
+write, cached metric children, the one client watch per request."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from adapters.base import StreamEvent
+from adapters.openai_http import Relay
+from gateway.api import chat, completions, embeddings, messages, responses
+from gateway.api.disconnect import ClientWatch
+from gateway.api.errors import APIError
+from gateway.api.hot_routes import exception_handler
+from gateway.api.serving import _sse
+from gateway.app import create_app
+from gateway.config import Settings
+from gateway.drain import Drain
+from gateway.metrics import GatewayMetrics, Histogram
+from gateway.routing import Admission, Backend
+from gateway.runtime import runtime_for_adapters
+from tests.fakes import EchoAdapter
+
+
+def test_every_hot_route_is_the_endpoint_fastapi_routes_to() -> None:
+    app = create_app(Settings(), runtime_for_adapters(Settings(), {"echo": EchoAdapter()}))
+    layer = app.build_middleware_stack()
+    while type(layer).__name__ != "HotRoutes":
+        layer = layer.app  # type: ignore[attr-defined]
+    routed = {r.path: r.endpoint for r in app.router.routes if "POST" in getattr(r, "methods", ())}
+    routed |= {r.path: r.endpoint for m in (chat, completions, embeddings, responses, messages) for r in m.router.routes}
+    assert layer.routes and all(routed[path] is endpoint for path, endpoint in layer.routes.items())
+
+
+def test_hot_routes_answer_errors_in_the_apis_shape_and_other_methods_405() -> None:
+    with TestClient(create_app(Settings(), runtime_for_adapters(Settings(), {"echo": EchoAdapter()}))) as c:
+        r = c.post("/v1/chat/completions", content=b"{not json")
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        r = c.post("/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        assert c.get("/v1/chat/completions").status_code == 405
+
+
+@pytest.mark.parametrize(("exc", "expected"), [
+    (APIError(400, "x"), APIError), (KeyError("k"), LookupError), (ValueError("v"), None),
+])
+def test_exception_handler_by_mro_never_the_catch_all(exc: Exception, expected: type | None) -> None:
+    handlers = {APIError: APIError, LookupError: LookupError, Exception: Exception}
+    assert exception_handler(handlers, exc) is expected  # type: ignore[arg-type]
+
+
+def test_cached_children_are_dropped_with_remove() -> None:
+    h = Histogram("h_seconds", "h", ["model"], registry=(r := CollectorRegistry()))
+    h.labels("a").observe(1)
+    h.remove("a")
+    h.labels("a").observe(2)
+    assert r.get_sample_value("h_seconds_sum", {"model": "a"}) == 2
+
+
+async def test_a_relayed_read_with_several_events_marks_all_but_its_last() -> None:
+    body = b"".join(b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": {"content": w}}]}) + b"\n\n"
+                    for w in ("a", "b", "c")) + b"data: [DONE]\n\n"
+
+    class Once:
+        status = 200
+        chunks = [body, b""]
+
+        async def read_chunk(self) -> bytes:
+            return self.chunks.pop(0)
+
+        def release(self) -> None: ...
+
+        def abort(self) -> None: ...
+
+    events = [e async for e in Relay()._events(Once(), False)]  # type: ignore[arg-type]
+    assert [e.more for e in events] == [True, True, False]
+
+
+async def test_events_of_one_read_leave_in_one_write_and_others_alone() -> None:
+    async def upstream():  # type: ignore[no-untyped-def]
+        yield StreamEvent(b'{"a":1}', has_content=True, more=True)
+        yield StreamEvent(b"", more=True)  # observe-only usage
+        yield StreamEvent(b'{"b":2}', has_content=True)
+        yield StreamEvent(b'{"c":3}', has_content=True)
+
+    adapter = EchoAdapter()
+    backend = Backend(model_id="echo", adapter=adapter, admission=Admission(1, 0))
+    lease = await backend.acquire()
+    out = [chunk async for chunk in _sse(upstream(), backend, lease, GatewayMetrics(), 0.0, drain=Drain(grace=1.0))]
+    assert out == [b'data: {"a":1}\n\ndata: {"b":2}\n\n', b'data: {"c":3}\n\n', b"data: [DONE]\n\n"]
+
+
+async def test_client_watch_cancels_its_task_on_disconnect_and_not_after_stop() -> None:
+    left: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+
+    async def watched(stop_first: bool) -> str:
+        watch = ClientWatch(left.get)
+        if stop_first:
+            watch.stop()
+        try:
+            await asyncio.sleep(0.5 if stop_first else 30)
+        except asyncio.CancelledError:
+            assert watch.caused()
+            return "gone"
+        return "finished"
+
+    task = asyncio.ensure_future(watched(False))
+    await asyncio.sleep(0)
+    await left.put({"type": "http.disconnect"})
+    assert await task == "gone" and task.cancelling() == 0
+    task = asyncio.ensure_future(watched(True))
+    await asyncio.sleep(0)
+    await left.put({"type": "http.disconnect"})
+    assert await task == "finished"
