@@ -90,14 +90,16 @@ class SchedulerConfig(BaseModel):
     aging_seconds: float | None = Field(default=10.0, gt=0)
     """A request that has waited this long goes before every request that has not, whatever its tier
     (the bound on a low tier's wait); None: strict priority."""
-    max_queue_per_flow: int | None = Field(default=None, ge=1)
-    """Requests one flow may have waiting on one replica; None: only the model's max_queue (where a full
-    queue refuses the flow holding the most waiters)."""
+    max_queue_per_flow: int | None = Field(default=64, ge=1)
+    """Requests one flow may have waiting on one replica: its own queue, so a flood's excess waits there
+    (one more answers 429 `flow_bound`) and never takes another flow's place; the model's `max_queue`
+    bounds all flows' together (where a full queue refuses the flow holding the most waiters); None:
+    only `max_queue`."""
     newcomer_slots: int = Field(default=1, ge=0)
-    """Slots of each replica kept for flows running fewer than their share (slots / flows that used the
-    replica within `flow_window_seconds`), while more than one flow did and the replica has at least 4x
-    as many slots: a request arriving behind another client's burst starts at once (one client alone
-    keeps every slot)."""
+    """Slots of each replica (of two or more) kept for flows running fewer than their share (slots / flows
+    that used the replica within `flow_window_seconds`), while more than one flow did: a request arriving
+    behind another client's burst starts at once. Never a flow's first slot; one client alone keeps every
+    slot; 0: work-conserving (a burst takes every slot)."""
     flow_window_seconds: float = Field(default=60.0, gt=0)
     """How long a flow counts as active on a replica after its last request arrived or ended (for
     newcomer_slots); when it lapses, a slot kept for it goes to a waiter at once."""
@@ -173,8 +175,10 @@ class ModelConfig(BaseModel):
     """CPU threads for the engine; None: the planner's choice (every core but one)."""
     gpu_layers: int = Field(default=0, ge=-1)
     """Layers llama.cpp offloads to the GPU (-1: all); left unset, the plan chooses."""
-    max_queue: int = Field(default=16, ge=0)
-    """Requests that may wait for a busy engine; one more answers 429."""
+    max_queue: int = Field(default=256, ge=0)
+    """Requests that may wait for a busy engine replica, all flows together (each flow also has its own
+    bound, `scheduler.max_queue_per_flow`); when it is full an arrival takes the place of the newest waiter
+    of the flow holding the most, or answers 429."""
     embeddings: bool = True
     """Serve /v1/embeddings with a second engine instance in embedding mode, loaded on first use."""
     chat_format: str | None = None

@@ -10,8 +10,11 @@ owns the futures and timers (gateway/routing/admission.py).
   first waiters goes next. A flow that sends 40 at once gets tags 1..40; a flow arriving later
   gets the tier's current virtual time + 1, so it goes next, and over time each backlogged flow
   starts requests in proportion to its weight. Each flow is first in, first out.
-- Between tiers, strict priority, except that a waiter that has waited `aging_seconds` goes
-  before every waiter that has not (oldest first): the lowest tier's wait is bounded.
+- Between tiers, strict priority, except that a tier whose oldest first waiter has waited
+  `aging_seconds` goes before every tier that has not (oldest first): the lowest tier's wait is
+  bounded. Inside a tier aging changes nothing: the fair order holds (before, an aged waiter went
+  before every other, so a flood's backlog older than `aging_seconds` went before a neighbour's
+  request that had just arrived: first come, first served again, issue 38).
 - The prefill budget (gateway/scheduling/slots.py) holds back a prompt that does not fit beside those
   being prefilled while shorter ones start, but not for ever: a waiter held back only by it lets later
   waiters (in this order) start past it until their prompt tokens add up to `overtake_tokens` (the
@@ -157,16 +160,21 @@ class FairQueue:
         return True
 
     def order(self, now: float) -> list[Waiter]:
-        """The flows' first waiters in the order they would be served now."""
-        heads = [w for tier in self._tiers.values() for w in tier.heads()]
+        """The flows' first waiters in the order they would be served now: tier by tier (a tier whose
+        oldest first waiter has waited `aging_seconds` before every tier that has not, oldest first), and
+        inside a tier by virtual finish tag. Aging lifts a tier over higher ones, never one flow over
+        another: a flood's backlog that has waited long does not go before a neighbour that just came."""
         aging = self.aging_seconds
-
-        def key(w: Waiter) -> tuple[int, float, float, int]:
-            if aging is not None and now - w.arrived >= aging:
-                return (0, w.arrived, 0.0, w.seq)  # aged: oldest first, before any tier
-            return (1 + RANK[w.demand.tier], w.finish, w.arrived, w.seq)
-
-        return sorted(heads, key=key)
+        ranked: list[tuple[tuple[int, float, int], list[Waiter]]] = []
+        for rank, tier in enumerate(self._tiers.values()):
+            heads = sorted(tier.heads(), key=lambda w: (w.finish, w.arrived, w.seq))
+            if not heads:
+                continue
+            oldest = min(w.arrived for w in heads)
+            aged = aging is not None and now - oldest >= aging
+            ranked.append(((0, oldest, rank) if aged else (1, float(rank), rank), heads))
+        ranked.sort(key=lambda t: t[0])
+        return [w for _, heads in ranked for w in heads]
 
     def pop(self, now: float, blocked: Callable[[Demand], Block | None] = lambda d: None) -> Waiter | None:
         """The next waiter, in `order`, that may start (`blocked` answers None for it); None when none may,

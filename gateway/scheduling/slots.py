@@ -16,8 +16,6 @@ from gateway.scheduling.demand import Demand
 Block = Literal["slots", "kept", "budget"]
 """Why a request cannot start now: every slot busy; the free ones are kept for flows below their share;
 its prompt does not fit beside the prompts being prefilled."""
-NEWCOMER_RATIO = 4
-"""Newcomer slots are kept only on replicas with at least this many slots per newcomer slot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,14 +41,23 @@ def blocked(demand: Demand, at: Occupancy, policy: SchedulerConfig) -> Block | N
         return "slots"
     if policy.policy != "fair":
         return None
-    kept = policy.newcomer_slots
-    if kept and at.recent_flows > 1 and at.concurrency >= NEWCOMER_RATIO * kept \
-            and at.running >= at.concurrency - kept and at.running_of_flow >= at.concurrency / at.recent_flows:
-        return "kept"  # the kept slots are for flows below their share of the slots (a newcomer has none)
+    if kept_from(at, policy.newcomer_slots):
+        return "kept"
     budget = policy.prefill_budget_tokens
     if budget and at.prefill_tokens > 0 and at.prefill_tokens + demand.prompt_tokens > budget:
         return "budget"  # one alone always starts, whatever its length
     return None
+
+
+def kept_from(at: Occupancy, kept: int) -> bool:
+    """Whether the candidate's flow is held off the replica's last `kept` free slots: they are for flows
+    below their share (slots / flows that used the replica lately; a newcomer has none running), kept
+    while more than one flow did, on any replica of two slots or more, and never the flow's first slot
+    (one client alone, or below its share, keeps every slot it can use). On two slots that is one slot
+    each: a flood holds one, the other stays free for its neighbour's next request."""
+    if not kept or at.recent_flows < 2 or at.concurrency is None or at.concurrency < 2:
+        return False
+    return at.running >= at.concurrency - kept and at.running_of_flow >= max(1.0, at.concurrency / at.recent_flows)
 
 
 @dataclass(slots=True)

@@ -70,7 +70,8 @@ async def test_a_newcomer_starts_at_once_behind_another_flows_burst() -> None:
 @pytest.mark.parametrize(("policy", "slots", "running"), [
     (SchedulerConfig(newcomer_slots=0), 4, 4),  # work-conserving: the burst takes every slot
     (SchedulerConfig(policy="fifo"), 4, 4),
-    (SchedulerConfig(), 3, 3),  # under 4 slots per newcomer slot none is kept
+    (SchedulerConfig(), 3, 2),
+    (SchedulerConfig(), 2, 1),  # two slots (issue 38): the burst holds one, the other is kept for b
     (SchedulerConfig(newcomer_slots=2), 8, 6),
 ])
 async def test_newcomer_slots_table(policy: SchedulerConfig, slots: int, running: int) -> None:

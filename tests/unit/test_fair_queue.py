@@ -68,6 +68,20 @@ def test_aging_bounds_the_lowest_tiers_wait(pops_at: float, expected: list[str])
     assert served(arrivals, aging=10.0, pops_at=pops_at) == expected
 
 
+def test_aging_never_puts_a_flows_old_backlog_before_a_neighbour_of_its_tier() -> None:
+    """Issue 38: a flood waiting past aging_seconds went before a neighbour that had just come (oldest
+    first), so the neighbour's second request waited behind the whole backlog."""
+    q = FairQueue(100, aging_seconds=10.0)
+    for i in range(6):
+        q.push(Demand(flow="a"), 0.0, f"a{i}")
+    assert q.pop(5.0).token == "a0"  # type: ignore[union-attr]
+    q.push(Demand(flow="b"), 19.0, "b0")
+    assert [str(w.token) for w in q.order(20.0)] == ["b0", "a1"]  # the fair order holds inside the tier
+    q.push(Demand(flow="f", tier="flex"), 20.0, "f0")
+    assert [str(w.token) for w in q.order(25.0)] == ["b0", "a1", "f0"]
+    assert [str(w.token) for w in q.order(30.0)] == ["b0", "a1", "f0"]  # both aged: the oldest tier first
+
+
 def test_no_aging_is_strict_priority_forever() -> None:
     arrivals = [("f", "x", "flex")] + burst("z", 2, "priority", prefix="p")
     assert served(arrivals, aging=None, pops_at=1e9) == ["p0", "p1", "f"]

@@ -23,7 +23,16 @@ BUDGET = SchedulerConfig(prefill_budget_tokens=1000, newcomer_slots=0)
     # two flows lately: a's share is 2, it runs 3: the last slot is kept for b
     (Demand(flow="a"), Occupancy(4, running=3, running_of_flow=3, recent_flows=2), SchedulerConfig(), "kept"),
     (Demand(flow="b"), Occupancy(4, running=3, running_of_flow=0, recent_flows=2), SchedulerConfig(), None),
-    (Demand(flow="a"), Occupancy(3, running=2, running_of_flow=2, recent_flows=2), SchedulerConfig(), None),  # < 4 per kept
+    # two slots, two flows (issue 38): the flood holds one, the other stays free for its neighbour
+    (Demand(flow="a"), Occupancy(2, running=1, running_of_flow=1, recent_flows=2), SchedulerConfig(), "kept"),
+    (Demand(flow="b"), Occupancy(2, running=1, running_of_flow=0, recent_flows=2), SchedulerConfig(), None),
+    (Demand(flow="a"), Occupancy(2, running=1, running_of_flow=1, recent_flows=1), SchedulerConfig(), None),  # alone
+    (Demand(flow="a"), Occupancy(3, running=2, running_of_flow=2, recent_flows=2), SchedulerConfig(), "kept"),
+    # more flows than slots: a flow's share is under one slot, yet its first slot is never kept from it
+    (Demand(flow="c"), Occupancy(2, running=1, running_of_flow=0, recent_flows=3), SchedulerConfig(), None),
+    (Demand(flow="a"), Occupancy(2, running=1, running_of_flow=1, recent_flows=3), SchedulerConfig(), "kept"),
+    (Demand(flow="a"), Occupancy(1, running=0, running_of_flow=0, recent_flows=2), SchedulerConfig(), None),  # one slot
+    (Demand(flow="a"), Occupancy(2, running=1, running_of_flow=1, recent_flows=2), SchedulerConfig(newcomer_slots=0), None),
     (Demand(flow="a"), Occupancy(4, running=3, running_of_flow=3, recent_flows=2), SchedulerConfig(policy="fifo"), None),
     # the budget: a prompt that does not fit beside those prefilling waits; one alone always starts
     (Demand(prompt_tokens=900), Occupancy(8, running=1, prefill_tokens=300), BUDGET, "budget"),
