@@ -14,14 +14,11 @@ import openai
 import pytest
 import yaml
 
-from adapters.llama_server import find_llama_server
-from gateway.modelsource import embedded_model_path
+from tests.both_engines import LOCAL, SERVER, both_engines, served
 from tests.gateway_process import RunningGateway, gateway
 
 pytestmark = pytest.mark.integration
 
-LOCAL = "smollm"
-SERVER = "smollm-server"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
 CUSTOM = {"type": "custom", "custom": {"name": "grep", "description": "free-form input"}}
@@ -31,22 +28,14 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
     root = tmp_path_factory.mktemp("refusals")
-    weights = str(embedded_model_path())
-    models: list[dict[str, Any]] = [{"source": weights, "name": LOCAL, "engine": "llamacpp", "threads": 1,
-                                     "context_length": 1024}]
-    if find_llama_server(None) is not None:
-        models.append({"source": weights, "name": SERVER, "engine": "llama_server", "threads": 1,
-                       "context_length": 1024, "options": {"log_dir": str(root / "logs")}})
     env = {"ENGINEGATE_RESPONSE_STORE__PATH": str(root / "responses.sqlite3")}
-    with gateway(config_yaml=yaml.safe_dump({"models": models}), env=env) as running:
+    with gateway(config_yaml=yaml.safe_dump({"models": both_engines(root, 1024)}), env=env) as running:
         yield running
 
 
 @pytest.fixture(params=[LOCAL, SERVER])
 def model(request: pytest.FixtureRequest, gw: RunningGateway) -> str:
-    if request.param == SERVER and find_llama_server(None) is None:
-        pytest.skip("llama-server is not built (make llama-server)")
-    return str(request.param)
+    return served(str(request.param))
 
 
 def client(gw: RunningGateway) -> openai.OpenAI:

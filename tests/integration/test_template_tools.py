@@ -14,14 +14,11 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from adapters.llama_server import find_llama_server
-from gateway.modelsource import embedded_model_path
+from tests.both_engines import LOCAL, SERVER, both_engines, served
 from tests.gateway_process import RunningGateway, gateway
 
 pytestmark = pytest.mark.integration
 
-LOCAL = "smollm"
-SERVER = "smollm-server"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
            "additionalProperties": False}
 TOOLS: list[Any] = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
@@ -33,21 +30,13 @@ SEEDS = range(10)
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
     root = tmp_path_factory.mktemp("template-tools")
-    weights = str(embedded_model_path())
-    models: list[dict[str, Any]] = [{"source": weights, "name": LOCAL, "engine": "llamacpp", "threads": 1,
-                                     "context_length": 2048}]
-    if find_llama_server(None) is not None:
-        models.append({"source": weights, "name": SERVER, "engine": "llama_server", "threads": 1,
-                       "context_length": 2048, "options": {"log_dir": str(root / "logs")}})
-    with gateway(config_yaml=yaml.safe_dump({"models": models})) as running:
+    with gateway(config_yaml=yaml.safe_dump({"models": both_engines(root, 2048)})) as running:
         yield running
 
 
 @pytest.fixture(params=[LOCAL, SERVER])
 def model(request: pytest.FixtureRequest, gw: RunningGateway) -> str:
-    if request.param == SERVER and find_llama_server(None) is None:
-        pytest.skip("llama-server is not built (make llama-server)")
-    return str(request.param)
+    return served(str(request.param))
 
 
 def client(gw: RunningGateway) -> openai.OpenAI:
