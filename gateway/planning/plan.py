@@ -130,6 +130,7 @@ def _profile(s: HardwareSnapshot, spec: ModelSpec, w: Workload, fit: str, contex
         concurrency=w.concurrency,
         shared_prefix=w.shared_prefix,
         family=spec.family,
+        moe=bool(spec.experts),
         mode=w.mode,
         format=spec.format,
         interconnect=_interconnect(s),

@@ -85,6 +85,7 @@ _CONDITIONS = {
     "mode",
     "objective",
     "family",
+    "moe",
     "format",
     "context_min",
     "shared_prefix",

@@ -67,6 +67,8 @@ class Profile(BaseModel):
     concurrency: int
     shared_prefix: bool
     family: str
+    moe: bool = False
+    """Routed experts, whatever the family: a hybrid (Jamba, Qwen3-Next) or multimodal MoE is still MoE."""
     mode: Mode
     format: str
     interconnect: Interconnect

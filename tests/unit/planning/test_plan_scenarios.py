@@ -130,6 +130,14 @@ CASES = [
         rule="long-context-moe-or-shared-prefixes",
     ),
     Case(
+        "hybrid MoE (Qwen3-Next: linear attention + 512 experts), 8x H100: still the MoE rule",
+        "hgx-8x-h100",
+        "qwen3-next-80b-a3b",
+        Workload(concurrency=8),
+        engine="sglang",
+        rule="long-context-moe-or-shared-prefixes",
+    ),
+    Case(
         "MoE, 8 streams that really hold 120k tokens each, 8x H100",
         "hgx-8x-h100",
         "qwen3-30b-a3b",
