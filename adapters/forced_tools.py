@@ -11,13 +11,13 @@ admits only the names (a few tokens).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
 from adapters.base import Completion, StreamEvent
+from adapters.chunk_rewrite import new_call_id, rewrite_chunks
 
 PICK_MAX_TOKENS_SLACK = 4
 
@@ -77,10 +77,6 @@ def schema_request(body: dict[str, Any], fn: dict[str, Any]) -> dict[str, Any]:
                                          "json_schema": {"name": str(fn.get("name")), "schema": schema, "strict": True}}}
 
 
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
 def _finish(reason: Any) -> Any:
     return "tool_calls" if reason == "stop" else reason
 
@@ -99,30 +95,26 @@ def as_tool_call(result: Completion, name: str) -> Completion:
     return Completion(data, result.usage, result.status)
 
 
-async def as_tool_call_stream(events: AsyncIterator[StreamEvent], name: str) -> AsyncIterator[StreamEvent]:
+def as_tool_call_stream(events: AsyncIterator[StreamEvent], name: str) -> AsyncIterator[StreamEvent]:
     """A streamed completion whose content is the arguments -> the call opened once, then fragments."""
     opened: set[int] = set()
     call_id = new_call_id()
-    try:
-        async for event in events:
-            if not event.data or event.is_error or b'"choices":[]' in event.data:
-                yield event
-                continue
-            chunk = orjson.loads(event.data)
-            for choice in chunk.get("choices") or ():
-                delta = choice.get("delta") or {}
-                text = delta.pop("content", None)
-                if text:
-                    index = int(choice.get("index") or 0)
-                    call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
-                    if index not in opened:
-                        opened.add(index)
-                        call = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": text}}
-                    delta["tool_calls"] = [call]
-                if choice.get("finish_reason"):
-                    choice["finish_reason"] = _finish(choice["finish_reason"])
-                choice["delta"] = delta
-            yield StreamEvent(orjson.dumps(chunk), event.has_content, event.usage, _finish(event.finish_reason),
-                              event.is_error)
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
+
+    def rewrite(chunk: dict[str, Any], event: StreamEvent) -> StreamEvent:
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            text = delta.pop("content", None)
+            if text:
+                index = int(choice.get("index") or 0)
+                call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+                if index not in opened:
+                    opened.add(index)
+                    call = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": text}}
+                delta["tool_calls"] = [call]
+            if choice.get("finish_reason"):
+                choice["finish_reason"] = _finish(choice["finish_reason"])
+            choice["delta"] = delta
+        return StreamEvent(orjson.dumps(chunk), event.has_content, event.usage, _finish(event.finish_reason),
+                           event.is_error)
+
+    return rewrite_chunks(events, rewrite)

@@ -4,18 +4,14 @@ a call cut by the token limit says so)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
 from adapters.base import Completion, StreamEvent
+from adapters.chunk_rewrite import new_call_id, rewrite_chunks
 from adapters.tool_prompt.answer import AnswerStream, Parsed, parse_answer
-
-
-def _call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
 
 
 def _finish(reason: Any, parsed: Parsed) -> Any:
@@ -23,7 +19,7 @@ def _finish(reason: Any, parsed: Parsed) -> Any:
 
 
 def _calls(parsed: Parsed, streamed: bool) -> list[dict[str, Any]]:
-    return [{**({"index": i} if streamed else {}), "id": _call_id(), "type": "function",
+    return [{**({"index": i} if streamed else {}), "id": new_call_id(), "type": "function",
              "function": {"name": name, "arguments": arguments}} for i, (name, arguments) in enumerate(parsed.calls)]
 
 
@@ -42,34 +38,30 @@ def as_answer(result: Completion) -> Completion:
     return Completion(data, result.usage, result.status)
 
 
-async def as_answer_stream(events: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
+def as_answer_stream(events: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
     """Each choice's content through an AnswerStream: reply text as it decodes, a call when the choice ends."""
     answers: dict[int, AnswerStream] = {}
-    try:
-        async for event in events:
-            if not event.data or event.is_error or b'"choices":[]' in event.data:
-                yield event
-                continue
-            chunk = orjson.loads(event.data)
-            has_content = False
-            finish = event.finish_reason
-            for choice in chunk.get("choices") or ():
-                answer = answers.setdefault(int(choice.get("index") or 0), AnswerStream())
-                delta = choice.get("delta") or {}
-                text = answer.feed(str(delta.pop("content", None) or ""))
-                if choice.get("finish_reason"):
-                    tail, parsed = answer.finish()
-                    text += tail
-                    if parsed.calls:
-                        delta["tool_calls"] = _calls(parsed, streamed=True)
-                    choice["finish_reason"] = finish = _finish(choice["finish_reason"], parsed)
-                if text:
-                    delta["content"] = text
-                choice["delta"] = delta
-                has_content = has_content or bool(text or delta.get("tool_calls"))
-            if not has_content and not finish and event.usage is None and not any(
-                    c.get("delta") for c in chunk.get("choices") or ()):
-                continue  # a held call's fragment: nothing to send yet
-            yield StreamEvent(orjson.dumps(chunk), has_content, event.usage, finish, event.is_error)
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
+
+    def rewrite(chunk: dict[str, Any], event: StreamEvent) -> StreamEvent | None:
+        has_content = False
+        finish = event.finish_reason
+        for choice in chunk.get("choices") or ():
+            answer = answers.setdefault(int(choice.get("index") or 0), AnswerStream())
+            delta = choice.get("delta") or {}
+            text = answer.feed(str(delta.pop("content", None) or ""))
+            if choice.get("finish_reason"):
+                tail, parsed = answer.finish()
+                text += tail
+                if parsed.calls:
+                    delta["tool_calls"] = _calls(parsed, streamed=True)
+                choice["finish_reason"] = finish = _finish(choice["finish_reason"], parsed)
+            if text:
+                delta["content"] = text
+            choice["delta"] = delta
+            has_content = has_content or bool(text or delta.get("tool_calls"))
+        if not has_content and not finish and event.usage is None and not any(
+                c.get("delta") for c in chunk.get("choices") or ()):
+            return None  # a held call's fragment: nothing to send yet
+        return StreamEvent(orjson.dumps(chunk), has_content, event.usage, finish, event.is_error)
+
+    return rewrite_chunks(events, rewrite)
