@@ -8,14 +8,17 @@ import secrets
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from adapters.llama_server import find_llama_server
 from adapters.process import free_port
 from gateway.modelsource import embedded_model_path
+from tests.emulators.fixture import running_emulator
 from tests.gateway_process import RunningGateway, gateway
 from tests.otlp_receiver import STATUS_ERROR, Receiver, Span, phoenix
 
@@ -158,3 +161,36 @@ def test_the_receiver_down_costs_requests_nothing_and_the_gateway_still_stops() 
         running.process.wait(timeout=60)
         assert time.monotonic() - stopping < 30
         assert "Traceback" not in running.log()
+
+
+def test_a_retry_is_an_attempt_span_of_its_own_and_the_engine_gets_the_traceparent_of_its_attempt(
+        receiver: Receiver, tmp_path: Path) -> None:
+    record = tmp_path / "requests.jsonl"
+    with running_emulator("vllm", "--record-requests", str(record)) as good, \
+            running_emulator("vllm", "--fail-status", "503") as bad:
+        config = ("models:\n  - source: remote\n    name: relayed\n    engine: openai\n"
+                  f'    options: {{base_url: "{bad.url}", upstream_model: emulated-model}}\n'
+                  f'    backends: [{{engine: openai, options: {{base_url: "{good.url}", upstream_model: emulated-model}}}}]\n'
+                  "    routing: {affinity: none, balance: round_robin}\n")
+        with gateway(config_yaml=config, env=otel_env(receiver.otlp_endpoint)) as running:
+            traces = []
+            for _ in range(2):  # round robin: one of the two goes to the failing replica first
+                trace_id, _, header = traceparent()
+                r = httpx.post(running.base_url + "/chat/completions", headers={"traceparent": header}, timeout=60,
+                               json={"model": "relayed", "messages": MESSAGES, "max_tokens": 2})
+                assert r.status_code == 200, r.text
+                traces.append(trace_id)
+    sent = [orjson.loads(line)["headers"] for line in record.read_text().splitlines()]
+    assert len(sent) == 2
+    retried = 0
+    for trace_id, headers in zip(traces, sent, strict=True):
+        spans = receiver.wait_for(trace_id, lambda s: bool(attempts(s)) and bool(named(s, "POST /v1/chat/completions")))
+        tried = sorted(attempts(spans), key=lambda s: s.attributes["enginegate.attempt"])
+        if len(tried) == 2:
+            retried += 1
+            assert tried[0].status == STATUS_ERROR and tried[1].status != STATUS_ERROR
+            assert tried[0].attributes["enginegate.replica"] != tried[1].attributes["enginegate.replica"]
+        # what the engine received: the caller's trace, with the attempt that reached it as the parent
+        version, trace, parent, flags = headers["traceparent"].split("-")
+        assert (trace, parent, flags) == (trace_id, tried[-1].span_id, "01")
+    assert retried >= 1  # the retry itself advances the round robin: both may meet the failing replica first
