@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.tracing.config import Protocol, TracingConfig
 from gateway.tracing.sampling import SamplerSpec, sampler_spec
@@ -23,7 +23,7 @@ class TracingPlan:
     """The traces URL as the exporter takes it (http/protobuf: ending in /v1/traces)."""
     protocol: Protocol = "http/protobuf"
     service_name: str = DEFAULT_SERVICE
-    sampler: SamplerSpec = SamplerSpec("always_on")
+    sampler: SamplerSpec = field(default_factory=lambda: SamplerSpec("always_on"))
     capture_content: bool = False
 
 

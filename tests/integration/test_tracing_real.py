@@ -191,6 +191,6 @@ def test_a_retry_is_an_attempt_span_of_its_own_and_the_engine_gets_the_tracepare
             assert tried[0].status == STATUS_ERROR and tried[1].status != STATUS_ERROR
             assert tried[0].attributes["enginegate.replica"] != tried[1].attributes["enginegate.replica"]
         # what the engine received: the caller's trace, with the attempt that reached it as the parent
-        version, trace, parent, flags = headers["traceparent"].split("-")
+        _, trace, parent, flags = headers["traceparent"].split("-")
         assert (trace, parent, flags) == (trace_id, tried[-1].span_id, "01")
     assert retried >= 1  # the retry itself advances the round robin: both may meet the failing replica first

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.tracing import SamplerError, SamplerSpec, TracingConfig, sampler_spec, tracing_plan
+from gateway.tracing import (
+    SamplerError,
+    SamplerSpec,
+    TracingConfig,
+    sampler_spec,
+    tracing_plan,
+)
 
 EP = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
 
