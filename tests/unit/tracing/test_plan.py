@@ -78,3 +78,16 @@ def test_the_config_sampler_overrides_the_environment() -> None:
     assert tracing_plan(TracingConfig(), env).sampler.kind == "always_off"
     plan = tracing_plan(TracingConfig(sampler="traceidratio", sampler_arg=0.1), {**env, "OTEL_TRACES_SAMPLER_ARG": "0.9"})
     assert plan.sampler == SamplerSpec("traceidratio", 0.1, False)
+
+
+def test_serve_refuses_an_unreadable_sampler_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+    from gateway.tracing import setup
+
+    monkeypatch.setattr(setup, "_status", None)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "lots")
+    assert main(["serve", "--port", "0"]) == 2
+    assert "invalid configuration: OTEL_TRACES_SAMPLER_ARG 'lots' is not a number" in capsys.readouterr().err
