@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.metrics_core import Metric, SummaryMetricFamily
+from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapters.base import EngineStats
 from gateway.epp_metrics import EppCollector
+from gateway.exemplars import trace_exemplar
 from gateway.scheduling import REFUSAL_REASONS, TIERS
 
 if TYPE_CHECKING:
@@ -137,6 +139,16 @@ class Histogram(_CachedChildren, prometheus_client.Histogram):
     pass
 
 
+class TracedHistogram(Histogram):
+    """A latency histogram whose observations carry the current trace as an exemplar (tracing on only).
+
+    prometheus_client builds a family's children with the family's own class, so every child's
+    observe() is this one; each bucket keeps the last exemplar that fell into it."""
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        super().observe(amount, exemplar if exemplar is not None else trace_exemplar())
+
+
 def route_label(path: str) -> str:
     if path in ROUTES:
         return path
@@ -169,14 +181,18 @@ class EngineTTFTCollector(Collector):
 
 
 class GatewayMetrics:
-    def __init__(self, gpu: bool = True) -> None:
+    def __init__(self, gpu: bool = True, exemplars: bool = False) -> None:
+        """exemplars: the latency histograms carry trace ids (when tracing is on); off, they are plain
+        histograms and no observation looks for a trace."""
         self.registry = CollectorRegistry()
         self.started_at = time.time()
+        self.exemplars = exemplars
         r = self.registry
+        Latency = TracedHistogram if exemplars else Histogram
         self.requests = Counter(
             "enginegate_requests", "HTTP requests by route, model and status.", ["route", "model", "status"], registry=r
         )
-        self.request_duration = Histogram(
+        self.request_duration = Latency(
             "enginegate_request_duration_seconds",
             "Time from request arrival to the last byte of the response.",
             ["route", "model"],
@@ -184,42 +200,42 @@ class GatewayMetrics:
             registry=r,
         )
         self.in_flight = Gauge("enginegate_requests_in_flight", "Requests being handled now.", ["route"], registry=r)
-        self.overhead = Histogram(
+        self.overhead = Latency(
             "enginegate_overhead_seconds",
             "The gateway's own time per request: total minus time queued for a slot and time inside the engine.",
             ["route"],
             buckets=OVERHEAD_BUCKETS,
             registry=r,
         )
-        self.ttft = Histogram(
+        self.ttft = Latency(
             "enginegate_time_to_first_token_seconds",
             "Time from request arrival to the first generated token leaving the gateway.",
             ["model", "engine"],
             buckets=TTFT_BUCKETS,
             registry=r,
         )
-        self.tpot = Histogram(
+        self.tpot = Latency(
             "enginegate_time_per_output_token_seconds",
             "Mean time between output tokens after the first, per request.",
             ["model", "engine"],
             buckets=TPOT_BUCKETS,
             registry=r,
         )
-        self.itl = Histogram(
+        self.itl = Latency(
             "enginegate_inter_token_latency_seconds",
             "Time between consecutive streamed content events (one token each for in-process engines).",
             ["model", "engine"],
             buckets=TPOT_BUCKETS,
             registry=r,
         )
-        self.e2e = Histogram(
+        self.e2e = Latency(
             "enginegate_e2e_request_latency_seconds",
             "Time from request arrival to the end of a completed generation (queue wait included).",
             ["model", "engine"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = Latency(
             "enginegate_queue_wait_seconds",
             "Time a request waited for a free engine slot.",
             ["model"],
@@ -246,7 +262,7 @@ class GatewayMetrics:
             buckets=TOKEN_BUCKETS,
             registry=r,
         )
-        self.tier_queue_wait = Histogram(
+        self.tier_queue_wait = Latency(
             "enginegate_scheduler_queue_wait_seconds",
             "Time a request waited for a free engine slot, by service tier (priority, default, flex).",
             ["model", "service_tier"],
@@ -458,7 +474,10 @@ class GatewayMetrics:
         if rate is not None:
             self.draft_acceptance.labels(model, engine).set(rate)
 
-    def render(self) -> bytes:
+    def render(self, openmetrics_format: bool = False) -> bytes:
+        """The classic Prometheus text, or OpenMetrics (the only format that carries exemplars)."""
+        if openmetrics_format:
+            return openmetrics.generate_latest(self.registry)  # type: ignore[no-any-return]
         return generate_latest(self.registry)
 
 
@@ -514,11 +533,15 @@ class MetricsMiddleware:
         status = 500
         in_flight = self.metrics.in_flight.labels(route)
         in_flight.inc()
+        exemplars = self.metrics.exemplars
+        exemplar: dict[str, str] | None = None
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status
+            nonlocal status, exemplar
             if message["type"] == "http.response.start":
                 status = message["status"]
+                if exemplars:  # sent from inside the request's span, whichever middleware opened it
+                    exemplar = trace_exemplar()
                 overhead_ms = timing.overhead(time.perf_counter() - started) * 1000
                 message["headers"] = [
                     *message.get("headers", []),
@@ -534,8 +557,10 @@ class MetricsMiddleware:
             total = time.perf_counter() - started
             model = scope.get("state", {}).get(MODEL_STATE_KEY, UNKNOWN)
             self.metrics.requests.labels(route, model, str(status)).inc()
-            self.metrics.request_duration.labels(route, model).observe(total)
-            self.metrics.overhead.labels(route).observe(timing.overhead(total))
+            if exemplars:
+                exemplar = trace_exemplar() or exemplar
+            self.metrics.request_duration.labels(route, model).observe(total, exemplar)
+            self.metrics.overhead.labels(route).observe(timing.overhead(total), exemplar)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
