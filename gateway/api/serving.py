@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -47,8 +47,13 @@ from gateway.tenancy.service import KeyRevoked, Refused
 from gateway.tenancy.store import StoreUnavailable
 from gateway.tenancy.ticket import Ticket
 from gateway.timing import TimedStream, request_timing
+from gateway.tracing import switch as tracing
+from gateway.tracing.attributes import chunk_model
 
 log = logging.getLogger("enginegate.api")
+
+if TYPE_CHECKING:
+    from gateway.tracing.spans import Attempt
 
 M = TypeVar("M", bound=BaseModel)
 OPERATIONS: dict[Operation, Callable[[Adapter, dict[str, Any], RequestContext], Awaitable[ChatResult]]] = {
@@ -204,6 +209,12 @@ async def reserve_limits(request: Request, backend: Backend, view: RequestView, 
     context = facts.get("context_length")
     charge = reservation(view, context if isinstance(context, int) else None)
     try:
+        if tracing.ON:
+            from gateway.tracing import spans
+
+            caller = caller_of(request.scope)
+            with spans.limits(caller.name if caller is not None else None):
+                return await tenancy.reserve(request.scope, request.app.state.tenancy, backend.model_id, charge)
         return await tenancy.reserve(request.scope, request.app.state.tenancy, backend.model_id, charge)
     except Refused as exc:
         message, headers = tenancy.refusal(exc.decision, runtime(request).settings.retry_after_seconds, charge.tokens)
@@ -228,7 +239,10 @@ async def admit(request: Request, backend: Backend, route: RouteKey | None = Non
     m = metrics(request)
     started = time.perf_counter()
     try:
-        lease = await backend.acquire(route, exclude=exclude, demand=demand)
+        if tracing.ON:
+            lease = await _traced_acquire(backend, route, exclude, demand)
+        else:
+            lease = await backend.acquire(route, exclude=exclude, demand=demand)
     except (Refusal, DeadlineExceeded) as exc:
         raise refused(m, backend, exc, runtime(request).settings.retry_after_seconds) from exc
     except ModelUnavailable as exc:
@@ -243,6 +257,18 @@ async def admit(request: Request, backend: Backend, route: RouteKey | None = Non
     observe_wait(m, backend, demand, waited)
     m.routing_decisions.labels(backend.model_id, lease.replica.name, lease.reason or "least_outstanding").inc()
     request_timing(request.scope).queued += waited
+    return lease
+
+
+async def _traced_acquire(backend: Backend, route: RouteKey | None, exclude: Collection[Replica],
+                          demand: Demand | None) -> Lease:
+    from gateway.tracing import spans
+
+    with spans.queue(backend, demand) as span:
+        started = time.perf_counter()
+        lease = await backend.acquire(route, exclude=exclude, demand=demand)
+        spans.waited(span, time.perf_counter() - started)
+    spans.route(backend, lease)
     return lease
 
 
@@ -298,7 +324,8 @@ async def generate(
     try:
         with drain.guard():
             try:
-                lease, result = await _admitted_call(request, backend, run, body, ctx, route, demand)
+                lease, result, attempt = await _admitted_call(request, backend, operation, run, body, ctx, route,
+                                                              demand, arrived)
             except asyncio.CancelledError:
                 if watch.caused():
                     drain.ending()  # the drain may have cancelled it too: taken back as well
@@ -311,7 +338,7 @@ async def generate(
         if not isinstance(result, Completion):
             streaming = True  # the watch goes on with the stream, which stops it
             sse = _sse(TimedStream(result, request_timing(request.scope)), backend, lease, m, arrived, dialect.writer(),
-                       drain, ticket)
+                       drain, ticket, attempt)
             return EventStream(sse, watch)
     except ClientGone:
         m.disconnects.labels(backend.model_id, backend.engine).inc()
@@ -323,6 +350,8 @@ async def generate(
             watch.stop()
     lease.report(result.usage)
     lease.release()
+    if attempt is not None:
+        attempt.completed(result)
     if result.usage is not None:
         _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
         ticket.record(result.usage.prompt_tokens, result.usage.completion_tokens)
@@ -364,12 +393,14 @@ class EventStream(Response):
 async def _admitted_call(
     request: Request,
     backend: Backend,
+    name: Operation,
     operation: Callable[[Adapter], Call],
     body: dict[str, Any],
     ctx: RequestContext,
     route: RouteKey | None = None,
     demand: Demand | None = None,
-) -> tuple[Lease, ChatResult]:
+    arrived: float = 0.0,
+) -> tuple[Lease, ChatResult, Attempt | None]:
     """Wait for a slot, then run the operation on the leased replica; the lease is the caller's to release on success.
 
     An engine that fails before it answered anything (refused, reset, down, 502/503) is retried on
@@ -377,10 +408,19 @@ async def _admitted_call(
     tried: list[Replica] = []
     while True:
         lease = await admit(request, backend, route, exclude=tried, demand=demand)
+        attempt = None
+        if tracing.ON:
+            from gateway.tracing import spans
+
+            attempt = spans.attempt(name, backend, lease, body, len(tried), arrived)
+            ctx.extra["headers"] = {**ctx.extra.get("headers", {}), **attempt.headers}  # the relay sends traceparent
         try:
             with request_timing(request.scope).upstream_span():
-                return lease, await operation(lease.adapter)(with_slot(with_engine_priority(body, lease, demand), lease), ctx)
+                sent = with_slot(with_engine_priority(body, lease, demand), lease)
+                return lease, await operation(lease.adapter)(sent, ctx), attempt
         except BaseException as exc:
+            if attempt is not None:
+                attempt.failed(exc)
             lease.release(exc)
             tried.append(lease.replica)
             if (isinstance(exc, Exception) and is_retryable(exc) and len(tried) <= backend.routing.max_retries
@@ -403,6 +443,7 @@ async def _sse(
     writer: StreamWriter = CHAT_WRITER,
     drain: Drain | None = None,
     ticket: Ticket | None = None,
+    attempt: Attempt | None = None,
 ) -> AsyncIterator[bytes]:
     first_at: float | None = None
     last_at = arrived
@@ -411,6 +452,8 @@ async def _sse(
     content_events = 0
     held = b""  # bytes of events that came with more in one upstream read
     failure: BaseException | None = None
+    finish_reason: str | None = None
+    response_model: str | None = None
     drain = drain or Drain(grace=0.0)
     guarded = drain.register()  # the drain may end this stream: an error event, then the end
     try:
@@ -423,11 +466,16 @@ async def _sse(
                         first_at = now
                         lease.prefilled()
                         m.ttft.labels(backend.model_id, backend.engine).observe(first_at - arrived)
+                        if attempt is not None:
+                            attempt.first_token(first_at)
+                            response_model = chunk_model(event.data) if event.data else None
                     else:
                         m.itl.labels(backend.model_id, backend.engine).observe(now - last_at)
                     last_at = now
                 if event.usage is not None:
                     usage = event.usage
+                if event.finish_reason is not None:
+                    finish_reason = event.finish_reason
                 if event.is_error:
                     m.errors.labels(backend.model_id, "engine_stream").inc()
                     failure = stream_failure(event.data)
@@ -471,6 +519,8 @@ async def _sse(
         await events.aclose()  # type: ignore[attr-defined]
         lease.report(usage)
         lease.release(failure)
+        if attempt is not None:
+            attempt.stream_ended(usage, finish_reason, response_model, ended, failure)
         if not ended:
             m.disconnects.labels(backend.model_id, backend.engine).inc()
             log.info("client disconnected from a %s stream; generation cancelled", backend.model_id)

@@ -21,10 +21,12 @@ Concurrency rules (all on the event loop):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,6 +34,7 @@ from adapters.base import EngineError
 from adapters.server import ServerAdapter
 from gateway.routing import budget, footprint
 from gateway.routing.budget import Charges, Fit, Refuse, Resident, Wait
+from gateway.tracing import switch as tracing
 
 if TYPE_CHECKING:
     from gateway.planning import Plan
@@ -312,7 +315,7 @@ class Lifecycles:
             self._notify()
 
     async def _load(self, lc: ModelLifecycle) -> None:
-        async with self._load_lock:
+        async with self._load_lock, _load_span(lc.name):
             order = list(range(len(lc.choices))) or [0]  # every load tries the preferred engine first
             for position, index in enumerate(order):
                 choice = lc.choices[index] if lc.choices else None
@@ -324,7 +327,8 @@ class Lifecycles:
                 rss_before = footprint.own_rss()
                 started = time.perf_counter()
                 try:
-                    await lc.backend.start()
+                    async with _start_span(lc.name, engine):
+                        await lc.backend.start()
                 except (EngineError, OSError, RuntimeError, ValueError) as exc:
                     reason = exc.message if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
                     await self._quiet_stop(lc)
@@ -505,3 +509,21 @@ class Lifecycles:
             await asyncio.wait_for(self._changed.wait(), timeout)
         except TimeoutError:
             pass
+
+
+def _load_span(model: str) -> AbstractAsyncContextManager[object]:
+    """A load's span (gateway/tracing) when tracing is on; nothing made when off."""
+    if not tracing.ON:
+        return contextlib.nullcontext()
+    from gateway.tracing import spans
+
+    return spans.model_load(model)
+
+
+def _start_span(model: str, engine: str) -> AbstractAsyncContextManager[object]:
+    """One engine tried for a load; a start that raises marks it failed (the fallback's reason)."""
+    if not tracing.ON:
+        return contextlib.nullcontext()
+    from gateway.tracing import spans
+
+    return spans.engine_start(model, engine)
