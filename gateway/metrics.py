@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from adapters.base import EngineStats
 from gateway.epp_metrics import EppCollector
 from gateway.exemplars import trace_exemplar
+from gateway.tracing import switch
 from gateway.scheduling import REFUSAL_REASONS, TIERS
 
 if TYPE_CHECKING:
@@ -140,13 +141,16 @@ class Histogram(_CachedChildren, prometheus_client.Histogram):
 
 
 class TracedHistogram(Histogram):
-    """A latency histogram whose observations carry the current trace as an exemplar (tracing on only).
+    """A latency histogram whose observations carry the current trace as an exemplar, when tracing is on
+    (off: one module attribute read, as every tracing hook costs).
 
     prometheus_client builds a family's children with the family's own class, so every child's
     observe() is this one; each bucket keeps the last exemplar that fell into it."""
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
-        super().observe(amount, exemplar if exemplar is not None else trace_exemplar())
+        if exemplar is None and switch.ON:
+            exemplar = trace_exemplar()
+        super().observe(amount, exemplar)
 
 
 def route_label(path: str) -> str:
@@ -181,18 +185,14 @@ class EngineTTFTCollector(Collector):
 
 
 class GatewayMetrics:
-    def __init__(self, gpu: bool = True, exemplars: bool = False) -> None:
-        """exemplars: the latency histograms carry trace ids (when tracing is on); off, they are plain
-        histograms and no observation looks for a trace."""
+    def __init__(self, gpu: bool = True) -> None:
         self.registry = CollectorRegistry()
         self.started_at = time.time()
-        self.exemplars = exemplars
         r = self.registry
-        Latency = TracedHistogram if exemplars else Histogram
         self.requests = Counter(
             "enginegate_requests", "HTTP requests by route, model and status.", ["route", "model", "status"], registry=r
         )
-        self.request_duration = Latency(
+        self.request_duration = TracedHistogram(
             "enginegate_request_duration_seconds",
             "Time from request arrival to the last byte of the response.",
             ["route", "model"],
@@ -200,42 +200,42 @@ class GatewayMetrics:
             registry=r,
         )
         self.in_flight = Gauge("enginegate_requests_in_flight", "Requests being handled now.", ["route"], registry=r)
-        self.overhead = Latency(
+        self.overhead = TracedHistogram(
             "enginegate_overhead_seconds",
             "The gateway's own time per request: total minus time queued for a slot and time inside the engine.",
             ["route"],
             buckets=OVERHEAD_BUCKETS,
             registry=r,
         )
-        self.ttft = Latency(
+        self.ttft = TracedHistogram(
             "enginegate_time_to_first_token_seconds",
             "Time from request arrival to the first generated token leaving the gateway.",
             ["model", "engine"],
             buckets=TTFT_BUCKETS,
             registry=r,
         )
-        self.tpot = Latency(
+        self.tpot = TracedHistogram(
             "enginegate_time_per_output_token_seconds",
             "Mean time between output tokens after the first, per request.",
             ["model", "engine"],
             buckets=TPOT_BUCKETS,
             registry=r,
         )
-        self.itl = Latency(
+        self.itl = TracedHistogram(
             "enginegate_inter_token_latency_seconds",
             "Time between consecutive streamed content events (one token each for in-process engines).",
             ["model", "engine"],
             buckets=TPOT_BUCKETS,
             registry=r,
         )
-        self.e2e = Latency(
+        self.e2e = TracedHistogram(
             "enginegate_e2e_request_latency_seconds",
             "Time from request arrival to the end of a completed generation (queue wait included).",
             ["model", "engine"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
-        self.queue_wait = Latency(
+        self.queue_wait = TracedHistogram(
             "enginegate_queue_wait_seconds",
             "Time a request waited for a free engine slot.",
             ["model"],
@@ -262,7 +262,7 @@ class GatewayMetrics:
             buckets=TOKEN_BUCKETS,
             registry=r,
         )
-        self.tier_queue_wait = Latency(
+        self.tier_queue_wait = TracedHistogram(
             "enginegate_scheduler_queue_wait_seconds",
             "Time a request waited for a free engine slot, by service tier (priority, default, flex).",
             ["model", "service_tier"],
@@ -533,14 +533,13 @@ class MetricsMiddleware:
         status = 500
         in_flight = self.metrics.in_flight.labels(route)
         in_flight.inc()
-        exemplars = self.metrics.exemplars
         exemplar: dict[str, str] | None = None
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status, exemplar
             if message["type"] == "http.response.start":
                 status = message["status"]
-                if exemplars:  # sent from inside the request's span, whichever middleware opened it
+                if switch.ON:  # sent from inside the request's span, whichever middleware opened it
                     exemplar = trace_exemplar()
                 overhead_ms = timing.overhead(time.perf_counter() - started) * 1000
                 message["headers"] = [
@@ -557,7 +556,7 @@ class MetricsMiddleware:
             total = time.perf_counter() - started
             model = scope.get("state", {}).get(MODEL_STATE_KEY, UNKNOWN)
             self.metrics.requests.labels(route, model, str(status)).inc()
-            if exemplars:
+            if switch.ON:
                 exemplar = trace_exemplar() or exemplar
             self.metrics.request_duration.labels(route, model).observe(total, exemplar)
             self.metrics.overhead.labels(route).observe(timing.overhead(total), exemplar)

@@ -3,26 +3,24 @@ never looked for with tracing off; /metrics keeps the classic text for plain scr
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import httpx
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
 )
 from prometheus_client.parser import text_string_to_metric_families
-from starlette.types import Receive, Scope, Send
 
-from gateway import app as app_module
 from gateway import exemplars
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.exemplars import trace_exemplar, wants_openmetrics
-from gateway.metrics import GatewayMetrics, Histogram, TracedHistogram
+from gateway.metrics import GatewayMetrics
 from gateway.runtime import runtime_for_adapters
+from gateway.tracing import spans, switch
 from tests.unit.test_obs_metrics import CHAT, ScriptedAdapter
 
 TRACER = TracerProvider().get_tracer("test")
@@ -62,8 +60,14 @@ def test_exemplar_names_the_sampled_span() -> None:
         assert trace_exemplar() is None  # never exported: a link would lead nowhere
 
 
+@pytest.fixture
+def tracing_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(switch, "ON", True)
+
+
+@pytest.mark.usefixtures("tracing_on")
 def test_latency_histograms_carry_the_trace_in_openmetrics_only() -> None:
-    m = GatewayMetrics(gpu=False, exemplars=True)
+    m = GatewayMetrics(gpu=False)
     with TRACER.start_as_current_span("request") as span:
         trace_id = f"{span.get_span_context().trace_id:032x}"
         m.ttft.labels("m1", "llamacpp").observe(0.3)
@@ -87,43 +91,33 @@ def test_tracing_off_histograms_look_for_no_trace(monkeypatch: pytest.MonkeyPatc
         raise AssertionError("an observation looked for a trace with tracing off")
 
     monkeypatch.setattr(exemplars, "_current_span", fail)
+    assert switch.ON is False
     m = GatewayMetrics(gpu=False)
-    assert type(m.ttft.labels("m1", "e")) is Histogram and not isinstance(m.ttft, TracedHistogram)
     with TRACER.start_as_current_span("request"):
         m.ttft.labels("m1", "e").observe(0.3)
         m.request_duration.labels("/v1/chat/completions", "m1").observe(1.0)
+        m.queue_wait.labels("m1").observe(0.5)
     assert bucket_exemplars(m.render(openmetrics_format=True).decode(), "enginegate_time_to_first_token_seconds") == []
 
 
-class SpanAround:
-    """A server span around the app, opened outside the metrics middleware (as a tracing middleware may be)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.trace_ids: list[str] = []
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] == "/metrics":
-            await self.app(scope, receive, send)
-            return
-        with TRACER.start_as_current_span("server") as span:
-            self.trace_ids.append(f"{span.get_span_context().trace_id:032x}")
-            await self.app(scope, receive, send)
-
-
-async def traced_client(monkeypatch: pytest.MonkeyPatch) -> tuple[httpx.AsyncClient, SpanAround]:
+async def traced_client(monkeypatch: pytest.MonkeyPatch) -> tuple[httpx.AsyncClient, InMemorySpanExporter]:
+    """The real app with tracing on as gateway/tracing's configure() leaves it (the switch, the tracer),
+    but the tracer exporting to memory: configure()'s SDK set-up is process-wide, tests/integration runs it."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(switch, "ON", True)
+    monkeypatch.setattr(spans, "_tracer", provider.get_tracer("enginegate"))
     settings = Settings()
     rt = runtime_for_adapters(settings, {"m1": ScriptedAdapter()})
     rt.started = True
-    monkeypatch.setattr(app_module, "GatewayMetrics", functools.partial(GatewayMetrics, gpu=False, exemplars=True))
     app = create_app(settings, rt)
     app.state.runtime = rt
-    traced = SpanAround(app)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=traced), base_url="http://127.0.0.1"), traced
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"), exporter
 
 
 async def test_a_streamed_request_leaves_its_trace_on_ttft_itl_and_duration(monkeypatch: pytest.MonkeyPatch) -> None:
-    client, traced = await traced_client(monkeypatch)
+    client, exporter = await traced_client(monkeypatch)
     async with client:
         r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
         assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
@@ -131,7 +125,8 @@ async def test_a_streamed_request_leaves_its_trace_on_ttft_itl_and_duration(monk
         plain = await client.get("/metrics")
     assert om.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
     assert plain.headers["content-type"].startswith("text/plain; version=0.0.4")
-    [trace_id] = traced.trace_ids
+    [trace_id] = {f"{span.context.trace_id:032x}" for span in exporter.get_finished_spans()
+                  if span.name.startswith("POST")}  # the server span of the chat
     for name in ("enginegate_time_to_first_token_seconds", "enginegate_inter_token_latency_seconds",
                  "enginegate_queue_wait_seconds", "enginegate_request_duration_seconds"):
         found = bucket_exemplars(om.text, name)
