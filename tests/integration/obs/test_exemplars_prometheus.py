@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,10 +16,15 @@ import openai
 import pytest
 import yaml
 
-from tests.gateway_process import RunningGateway, gateway
-from tests.integration.obs.phoenix import Phoenix, phoenix, traceparent, tracing_env
+from tests.gateway_process import RunningGateway
+from tests.integration.obs.phoenix import Phoenix, traceparent
 from tests.integration.obs.support import free_port, stop
-from tests.integration.obs.test_prometheus_dashboards import DEPLOY, GUARD_S, PROMETHEUS, Prom
+from tests.integration.obs.test_prometheus_dashboards import (
+    DEPLOY,
+    GUARD_S,
+    PROMETHEUS,
+    Prom,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -28,18 +32,6 @@ pytestmark = [
 ]
 LATENCY = ("enginegate_time_to_first_token_seconds", "enginegate_inter_token_latency_seconds",
            "enginegate_queue_wait_seconds", "enginegate_request_duration_seconds")
-
-
-@pytest.fixture(scope="module")
-def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
-    with phoenix(tmp_path_factory.mktemp("phoenix")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def traced_gateway(receiver: Phoenix) -> Iterator[RunningGateway]:
-    with gateway(env=tracing_env(receiver)) as running:
-        yield running
 
 
 def compose_prometheus_features() -> list[str]:
