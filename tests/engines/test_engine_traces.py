@@ -13,8 +13,11 @@ from adapters.config import EngineConfig
 from adapters.engine_traces import EngineTraces, engine_traces
 from adapters.launch import LaunchConfigError
 from adapters.process import Endpoint
+from gateway.config import Settings
 from gateway.planning import Plan
 from gateway.planning.engine_traces import TraceTarget, decide, with_engine_traces
+from gateway.runtime import trace_target
+from gateway.tracing import TracingConfig
 
 EP = Endpoint("127.0.0.1", 9000, "KEY")
 MODEL = "/models/llama"
@@ -135,3 +138,24 @@ def test_the_plan_carries_the_options_and_says_why() -> None:
                               "otlp_traces_protocol": "http/protobuf"}
     assert traced.reasons[0] == "gpu: vllm" and "vllm exports its own request spans" in traced.reasons[-1]
     assert with_engine_traces(plan, VLLM, None, {}) == plan
+
+
+# -- the runtime's target: the gateway's own tracing plan ------------------------------------
+
+@pytest.mark.parametrize(("env", "config", "target"), [
+    ({}, {}, None),  # the gateway does not trace: no engine target
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318"}, {}, TraceTarget("http://jaeger:4318/v1/traces", "http/protobuf")),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, {},
+     TraceTarget("http://jaeger:4317", "grpc")),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318", "OTEL_SDK_DISABLED": "true"}, {}, None),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318"}, {"enabled": False}, None),
+    ({}, {"endpoint": "http://tempo:4318"}, TraceTarget("http://tempo:4318/v1/traces", "http/protobuf")),
+])
+def test_trace_target_follows_the_gateways_tracing(env: dict[str, str], config: dict[str, Any],
+                                                   target: TraceTarget | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
+                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SDK_DISABLED"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert trace_target(Settings(tracing=TracingConfig(**config))) == target
