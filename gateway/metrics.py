@@ -533,14 +533,11 @@ class MetricsMiddleware:
         status = 500
         in_flight = self.metrics.in_flight.labels(route)
         in_flight.inc()
-        exemplar: dict[str, str] | None = None
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status, exemplar
+            nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                if switch.ON:  # sent from inside the request's span, whichever middleware opened it
-                    exemplar = trace_exemplar()
                 overhead_ms = timing.overhead(time.perf_counter() - started) * 1000
                 message["headers"] = [
                     *message.get("headers", []),
@@ -556,10 +553,10 @@ class MetricsMiddleware:
             total = time.perf_counter() - started
             model = scope.get("state", {}).get(MODEL_STATE_KEY, UNKNOWN)
             self.metrics.requests.labels(route, model, str(status)).inc()
-            if switch.ON:
-                exemplar = trace_exemplar() or exemplar
-            self.metrics.request_duration.labels(route, model).observe(total, exemplar)
-            self.metrics.overhead.labels(route).observe(timing.overhead(total), exemplar)
+            # the server span (gateway/tracing/asgi.py, outside this middleware) is still current here:
+            # TracedHistogram takes its trace
+            self.metrics.request_duration.labels(route, model).observe(total)
+            self.metrics.overhead.labels(route).observe(timing.overhead(total))
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
