@@ -23,12 +23,24 @@ def _current_span() -> Any:
     return _get_current_span()
 
 
+_last: tuple[Any, dict[str, str]] | None = None
+"""The last span context's exemplar: a stream observes once per token in the same span, so the hex
+is formatted once (SpanContext is immutable: the same object is the same span; the labels are never
+mutated, so sharing the dict between observations is safe)."""
+
+
 def trace_exemplar() -> dict[str, str] | None:
     """{"trace_id", "span_id"} of the current sampled span (hex, as Jaeger and Tempo show them), else None."""
+    global _last
     context = _current_span().get_span_context()
     if not context.trace_flags & 0x01:  # not sampled; the invalid (no span) context has no flags either
         return None
-    return {"trace_id": format(context.trace_id, "032x"), "span_id": format(context.span_id, "016x")}
+    last = _last
+    if last is not None and last[0] is context:
+        return last[1]
+    labels = {"trace_id": format(context.trace_id, "032x"), "span_id": format(context.span_id, "016x")}
+    _last = (context, labels)
+    return labels
 
 
 OPENMETRICS = "application/openmetrics-text"
