@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -47,13 +47,11 @@ from gateway.tenancy.service import KeyRevoked, Refused
 from gateway.tenancy.store import StoreUnavailable
 from gateway.tenancy.ticket import Ticket
 from gateway.timing import TimedStream, request_timing
+from gateway.tracing import spans
 from gateway.tracing import switch as tracing
 from gateway.tracing.attributes import chunk_model
 
 log = logging.getLogger("enginegate.api")
-
-if TYPE_CHECKING:
-    from gateway.tracing.spans import Attempt
 
 M = TypeVar("M", bound=BaseModel)
 OPERATIONS: dict[Operation, Callable[[Adapter, dict[str, Any], RequestContext], Awaitable[ChatResult]]] = {
@@ -210,8 +208,6 @@ async def reserve_limits(request: Request, backend: Backend, view: RequestView, 
     charge = reservation(view, context if isinstance(context, int) else None)
     try:
         if tracing.ON:
-            from gateway.tracing import spans
-
             caller = caller_of(request.scope)
             with spans.limits(caller.name if caller is not None else None):
                 return await tenancy.reserve(request.scope, request.app.state.tenancy, backend.model_id, charge)
@@ -262,8 +258,6 @@ async def admit(request: Request, backend: Backend, route: RouteKey | None = Non
 
 async def _traced_acquire(backend: Backend, route: RouteKey | None, exclude: Collection[Replica],
                           demand: Demand | None) -> Lease:
-    from gateway.tracing import spans
-
     with spans.queue(backend, demand) as span:
         started = time.perf_counter()
         lease = await backend.acquire(route, exclude=exclude, demand=demand)
@@ -400,7 +394,7 @@ async def _admitted_call(
     route: RouteKey | None = None,
     demand: Demand | None = None,
     arrived: float = 0.0,
-) -> tuple[Lease, ChatResult, Attempt | None]:
+) -> tuple[Lease, ChatResult, spans.Attempt | None]:
     """Wait for a slot, then run the operation on the leased replica; the lease is the caller's to release on success.
 
     An engine that fails before it answered anything (refused, reset, down, 502/503) is retried on
@@ -410,8 +404,6 @@ async def _admitted_call(
         lease = await admit(request, backend, route, exclude=tried, demand=demand)
         attempt = None
         if tracing.ON:
-            from gateway.tracing import spans
-
             attempt = spans.attempt(name, backend, lease, body, len(tried), arrived)
             ctx.extra["headers"] = {**ctx.extra.get("headers", {}), **attempt.headers}  # the relay sends traceparent
         try:
@@ -443,7 +435,7 @@ async def _sse(
     writer: StreamWriter = CHAT_WRITER,
     drain: Drain | None = None,
     ticket: Ticket | None = None,
-    attempt: Attempt | None = None,
+    attempt: spans.Attempt | None = None,
 ) -> AsyncIterator[bytes]:
     first_at: float | None = None
     last_at = arrived

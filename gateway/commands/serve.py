@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from gateway.modelsource import ModelSourceError
     from gateway.runtime import PlanningError, Runtime
     from gateway.server import build_server
+    from gateway.tracing import SamplerError
 
     try:
         settings = load_settings(args.config, model=args.model, host=args.host, port=args.port, log_level=args.log_level)
@@ -40,7 +41,11 @@ def run(args: argparse.Namespace) -> int:
     except (ModelSourceError, PlanningError, KeyError) as exc:
         print(f"enginegate: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
-    app = create_app(settings, runtime)
+    try:
+        app = create_app(settings, runtime)
+    except SamplerError as exc:  # OTEL_TRACES_SAMPLER(_ARG) or tracing.sampler unreadable
+        print(f"enginegate: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     server = build_server(app, settings)
     server.run()
     if app.state.startup_error is not None or not server.started:

@@ -34,6 +34,7 @@ from adapters.base import EngineError
 from adapters.server import ServerAdapter
 from gateway.routing import budget, footprint
 from gateway.routing.budget import Charges, Fit, Refuse, Resident, Wait
+from gateway.tracing import spans
 from gateway.tracing import switch as tracing
 
 if TYPE_CHECKING:
@@ -515,8 +516,6 @@ def _load_span(model: str) -> AbstractAsyncContextManager[object]:
     """A load's span (gateway/tracing) when tracing is on; nothing made when off."""
     if not tracing.ON:
         return contextlib.nullcontext()
-    from gateway.tracing import spans
-
     return spans.model_load(model)
 
 
@@ -524,6 +523,4 @@ def _start_span(model: str, engine: str) -> AbstractAsyncContextManager[object]:
     """One engine tried for a load; a start that raises marks it failed (the fallback's reason)."""
     if not tracing.ON:
         return contextlib.nullcontext()
-    from gateway.tracing import spans
-
     return spans.engine_start(model, engine)

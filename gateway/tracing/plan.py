@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.tracing.config import Protocol, TracingConfig
-from gateway.tracing.sampling import SamplerSpec, sampler_spec
+from gateway.tracing.sampling import SamplerError, SamplerSpec, sampler_spec
 
 DEFAULT_SERVICE = "enginegate"
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -23,7 +23,7 @@ class TracingPlan:
     """The traces URL as the exporter takes it (http/protobuf: ending in /v1/traces)."""
     protocol: Protocol = "http/protobuf"
     service_name: str = DEFAULT_SERVICE
-    sampler: SamplerSpec = SamplerSpec("always_on")
+    sampler: SamplerSpec = field(default_factory=lambda: SamplerSpec("always_on"))
     capture_content: bool = False
 
 
@@ -47,7 +47,7 @@ def traces_url(endpoint: str, protocol: Protocol, signal_specific: bool) -> str:
 
 
 def tracing_plan(config: TracingConfig, environ: Mapping[str, str]) -> TracingPlan:
-    """Raises `SamplerError` (a ValueError) for a sampler it cannot read."""
+    """Raises `SamplerError` (a ValueError) for a sampler or protocol it cannot read."""
     if config.endpoint:
         endpoint, specific, source = config.endpoint, False, "tracing.endpoint"
     else:
@@ -63,7 +63,7 @@ def tracing_plan(config: TracingConfig, environ: Mapping[str, str]) -> TracingPl
     protocol_var = _first(environ, PROTOCOL_VARS)
     protocol = config.protocol or (protocol_var[1] if protocol_var else "http/protobuf")
     if protocol not in ("http/protobuf", "grpc"):
-        raise ValueError(f"{protocol_var[0] if protocol_var else 'tracing.protocol'} {protocol!r}: "
+        raise SamplerError(f"{protocol_var[0] if protocol_var else 'tracing.protocol'} {protocol!r}: "
                          "enginegate exports over http/protobuf or grpc")
     if endpoint is None:  # enabled: true with no endpoint anywhere: the SDK's default receiver
         endpoint, specific, source = ("http://localhost:4317" if protocol == "grpc" else "http://localhost:4318"), False, "default"

@@ -50,7 +50,9 @@ def _sampler(spec: SamplerSpec) -> Any:
 
 def _exporter(plan: TracingPlan) -> Any:
     if plan.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
 
         return GrpcExporter(endpoint=plan.endpoint)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
