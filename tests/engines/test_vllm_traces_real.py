@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
@@ -20,15 +19,16 @@ import pytest
 from tests.engines.real_engines import engine_python
 from tests.engines.tiny_model import build_tiny_llama
 from tests.gateway_process import gateway
-from tests.integration.obs.phoenix import phoenix, traceparent, tracing_env
+from tests.integration.obs.traced import SPANS_GUARD_S, traceparent, tracing_env
+from tests.otlp_receiver import Span, phoenix
 
 pytestmark = pytest.mark.integration
 SERVED = "tiny-vllm"
 VLLM_REQUEST_SPAN = "llm_request"  # vllm/v1/engine/output_processor.py: one SERVER span per request
 
 
-def by_id(spans: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {s["context"]["span_id"]: s for s in spans}
+def by_id(spans: list[Span]) -> dict[str, Span]:
+    return {s.span_id: s for s in spans}
 
 
 def test_vllm_request_span_is_a_child_of_the_gateways_attempt_span(tmp_path: Path) -> None:
@@ -41,11 +41,10 @@ def test_vllm_request_span_is_a_child_of_the_gateways_attempt_span(tmp_path: Pat
         "log_dir": str(tmp_path / "logs"),
     }
     config = {"models": [{"source": str(model), "name": SERVED, "engine": "vllm", "options": options}]}
-    (tmp_path / "phoenix").mkdir()
-    with phoenix(tmp_path / "phoenix") as receiver, \
+    with phoenix() as receiver, \
             gateway(config_yaml=json.dumps(config), env=tracing_env(receiver), start_timeout=900) as gw:
         commands = [" ".join(p.cmdline()) for p in psutil.Process(gw.process.pid).children(recursive=True)]
-        assert any(f"--otlp-traces-endpoint {receiver.traces_url}" in c for c in commands), commands
+        assert any(f"--otlp-traces-endpoint {receiver.url}/v1/traces" in c for c in commands), commands
         reasons = httpx.get(gw.url + "/v1/gateway/plan", timeout=30).json()["plans"][SERVED]["reasons"]
         assert any("vllm exports its own request spans" in r for r in reasons), reasons
 
@@ -55,19 +54,17 @@ def test_vllm_request_span_is_a_child_of_the_gateways_attempt_span(tmp_path: Pat
                                                max_tokens=4, temperature=0, extra_headers={"traceparent": header})
         assert reply.usage is not None and reply.usage.completion_tokens > 0
 
-        spans = receiver.wait_for(trace_id, lambda found: any(s["name"] == VLLM_REQUEST_SPAN for s in found)
-                                  and any(s["name"] == f"chat {SERVED}" for s in found))
+        spans = receiver.wait_for(trace_id, lambda found: any(s.name == VLLM_REQUEST_SPAN for s in found)
+                                  and any(s.name == f"chat {SERVED}" for s in found), timeout=SPANS_GUARD_S)
     ids = by_id(spans)
-    [engine_span] = [s for s in spans if s["name"] == VLLM_REQUEST_SPAN]
-    [attempt] = [s for s in spans if s["name"] == f"chat {SERVED}"]
-    assert engine_span["parent_id"] == attempt["context"]["span_id"], (engine_span, attempt)
+    [engine_span] = [s for s in spans if s.name == VLLM_REQUEST_SPAN]
+    [attempt] = [s for s in spans if s.name == f"chat {SERVED}"]
+    assert engine_span.parent_id == attempt.span_id, (engine_span, attempt)
     # one trace from the caller through the gateway into the engine: the attempt's ancestors reach the server span
     chain, span = [], attempt
-    while span.get("parent_id") in ids:
-        span = ids[span["parent_id"]]
-        chain.append(span["name"])
+    while span.parent_id in ids:
+        span = ids[span.parent_id]
+        chain.append(span.name)
     assert "POST /v1/chat/completions" in chain, chain
     # vLLM's own figures, on its span, agree with the response
-    usage = engine_span["attributes"]
-    flat = json.dumps(usage)
-    assert str(reply.usage.completion_tokens) in flat, usage
+    assert engine_span.attributes.get("gen_ai.usage.completion_tokens") == reply.usage.completion_tokens, engine_span

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.gateway_process import REPO_ROOT, RunningGateway, gateway
-from tests.integration.obs.phoenix import Phoenix, phoenix, tracing_env
+from tests.integration.obs.traced import tracing_env
+from tests.otlp_receiver import Receiver, phoenix
 
 FAKE_NVML = Path(__file__).resolve().parent / "fake_nvml"
 METRICS_KEY = "metrics-key-for-test"
@@ -30,14 +31,14 @@ def plain_gateway() -> Iterator[RunningGateway]:
 
 
 @pytest.fixture(scope="module")
-def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
+def receiver() -> Iterator[Receiver]:
     """A real OTLP receiver (Phoenix) the module's traced gateway exports to."""
-    with phoenix(tmp_path_factory.mktemp("phoenix")) as running:
+    with phoenix() as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def traced_gateway(receiver: Phoenix) -> Iterator[RunningGateway]:
+def traced_gateway(receiver: Receiver) -> Iterator[RunningGateway]:
     """The embedded model, every request traced into `receiver`."""
     with gateway(env=tracing_env(receiver)) as running:
         yield running

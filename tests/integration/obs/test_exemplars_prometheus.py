@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from tests.gateway_process import RunningGateway
-from tests.integration.obs.phoenix import Phoenix, traceparent
 from tests.integration.obs.support import free_port, stop
 from tests.integration.obs.test_prometheus_dashboards import (
     DEPLOY,
@@ -25,6 +24,8 @@ from tests.integration.obs.test_prometheus_dashboards import (
     PROMETHEUS,
     Prom,
 )
+from tests.integration.obs.traced import SPANS_GUARD_S, traceparent
+from tests.otlp_receiver import Receiver
 
 pytestmark = [
     pytest.mark.integration,
@@ -86,7 +87,7 @@ def exemplar_trace_ids(prom: Prom, metric: str, since: float) -> set[str]:
 
 
 def test_a_slow_bucket_links_to_the_requests_trace(prometheus: Prom, traced_gateway: RunningGateway,
-                                                   receiver: Phoenix) -> None:
+                                                   receiver: Receiver) -> None:
     header, trace_id = traceparent()
     since = time.time()
     client = openai.OpenAI(base_url=traced_gateway.base_url, api_key="unused", max_retries=0, timeout=120)
@@ -103,8 +104,9 @@ def test_a_slow_bucket_links_to_the_requests_trace(prometheus: Prom, traced_gate
     assert not missing, f"no exemplar with the request's trace id {trace_id} on {missing}"
 
     # the exemplar leads to a trace that exists: the server span of that very request
-    spans = receiver.wait_for(trace_id, lambda found: any(s["name"] == "POST /v1/chat/completions" for s in found))
-    assert all(s["context"]["trace_id"] == trace_id for s in spans)
+    spans = receiver.wait_for(trace_id, lambda found: any(s.name == "POST /v1/chat/completions" for s in found),
+                              timeout=SPANS_GUARD_S)
+    assert all(s.trace_id == trace_id for s in spans)
 
 
 def test_plain_scrapers_still_get_the_classic_text(traced_gateway: RunningGateway) -> None:
