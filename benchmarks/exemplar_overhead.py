@@ -16,7 +16,7 @@ import time
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from gateway.metrics import Histogram, TracedHistogram, TPOT_BUCKETS
+from gateway.metrics import TPOT_BUCKETS, Histogram, TracedHistogram
 from gateway.tracing import switch
 
 
