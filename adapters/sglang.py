@@ -4,7 +4,8 @@
 warm-up, then runs a one-token generation and answers 200, which is the readiness rule here.
 Errors are flat (`{"object": "error", "message", ...}`); the relay nests them. Metrics need
 `--enable-metrics`. Several nodes: each runs this command with its `--node-rank`, all pointing
-at node 0's `--dist-init-addr`.
+at node 0's `--dist-init-addr`. `options.otlp_traces_endpoint` turns on its own request spans
+(`--enable-trace --otlp-traces-endpoint`, see adapters/engine_traces.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from adapters import lora
 from adapters.base import Capabilities, RequestContext
 from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
+from adapters.engine_traces import engine_traces, sglang_trace_args
 from adapters.launch import (
     LaunchConfigError,
     LaunchOptions,
@@ -93,7 +95,9 @@ def sglang_argv(model_path: str, served: str, opts: LaunchOptions, endpoint: End
 
 def sglang_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
     argv = sglang_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint)
-    return Launch(argv + lora.sglang_args(adapter.loras, adapter.options))
+    traces = engine_traces(adapter.options)
+    return Launch(argv + lora.sglang_args(adapter.loras, adapter.options) + sglang_trace_args(traces),
+                  traces.env("sglang") if traces else {})
 
 
 class SglangServer(EngineServer):
@@ -102,6 +106,7 @@ class SglangServer(EngineServer):
         if self.config_error is None:
             try:
                 lora.sglang_args(self.loras, self.options)
+                engine_traces(self.options)
             except ValueError as exc:
                 self.config_error = str(exc)
 
@@ -128,6 +133,7 @@ SPEC = EngineSpec(
     speculation=("ngram", "mtp"),
     quantized_kv="fp8",
     default_concurrency=64,
+    traces=True,
     container_image="lmsysorg/sglang:latest",
     server=ServerSpec(command=sglang_command, ready_path="/health_generate", metrics_map=METRICS, startup_timeout=900.0),
 )

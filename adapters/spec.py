@@ -156,6 +156,9 @@ class EngineSpec:
     """Options under which the engine schedules by each request's `priority` (lower first); the planner sets
     them for a workload with priority classes, and the gateway then sends each request's tier as `priority`."""
     """Requests let through to the engine at once; servers that batch take many."""
+    traces: bool = False
+    """Exports its own request spans given `options.otlp_traces_endpoint` (adapters/engine_traces.py), continuing
+    the trace of the `traceparent` the gateway sends; the planner turns it on when the gateway traces."""
     container_image: str | None = None
     server: ServerSpec | None = None
     slot_field: str | None = None

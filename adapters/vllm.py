@@ -13,6 +13,9 @@ run directory, named by the launch's port, so each launch (a restart too) has en
 and nothing listens on the network (vLLM binds only wildcard or ipc endpoints: a `tcp://127.0.0.1`
 one it would connect to instead). `describe()` names them (`kv_events_endpoint`,
 `kv_events_replay_endpoint`); gateway/cache_routing/kv_events.py subscribes.
+
+`options.otlp_traces_endpoint` has vLLM export its own request spans (`--otlp-traces-endpoint`,
+see adapters/engine_traces.py); it continues the trace from each request's `traceparent`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from adapters import lora
 from adapters.base import Capabilities, Completion, RequestContext
 from adapters.config import EngineConfig
 from adapters.engine_server import EngineServer
+from adapters.engine_traces import engine_traces, vllm_trace_args
 from adapters.launch import (
     LaunchConfigError,
     LaunchOptions,
@@ -161,6 +165,7 @@ class VllmServer(EngineServer):
                 self.config_error = str(exc)
             try:
                 lora.vllm_args(self.loras, self.options)
+                engine_traces(self.options)
             except ValueError as exc:
                 self.config_error = str(exc)
 
@@ -193,7 +198,9 @@ def vllm_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
     events = adapter.kv_events_at(endpoint) if isinstance(adapter, VllmServer) else None
     argv = vllm_argv(adapter.model_path, adapter.served, adapter.launch_options, endpoint,
                      str(policy) if policy else None, events)
-    return Launch(argv + lora.vllm_args(adapter.loras, adapter.options), vllm_env(endpoint))
+    traces = engine_traces(adapter.options)
+    env = vllm_env(endpoint) | (traces.env("vllm") if traces else {})
+    return Launch(argv + lora.vllm_args(adapter.loras, adapter.options) + vllm_trace_args(traces), env)
 
 
 SPEC = EngineSpec(
@@ -214,6 +221,7 @@ SPEC = EngineSpec(
     quantized_kv="fp8",
     default_concurrency=64,
     priority_options={"scheduling_policy": "priority"},
+    traces=True,
     container_image="vllm/vllm-openai:latest",
     server=ServerSpec(
         command=vllm_command,

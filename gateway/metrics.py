@@ -23,11 +23,14 @@ from typing import TYPE_CHECKING, Any
 import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.metrics_core import Metric, SummaryMetricFamily
+from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapters.base import EngineStats
 from gateway.epp_metrics import EppCollector
+from gateway.exemplars import trace_exemplar
+from gateway.tracing import switch
 from gateway.scheduling import REFUSAL_REASONS, TIERS
 
 if TYPE_CHECKING:
@@ -137,6 +140,22 @@ class Histogram(_CachedChildren, prometheus_client.Histogram):
     pass
 
 
+_observe = prometheus_client.Histogram.observe  # called directly: super() costs a frame per token
+
+
+class TracedHistogram(Histogram):
+    """A latency histogram whose observations carry the current trace as an exemplar, when tracing is on
+    (off: one module attribute read, as every tracing hook costs).
+
+    prometheus_client builds a family's children with the family's own class, so every child's
+    observe() is this one; each bucket keeps the last exemplar that fell into it."""
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        if exemplar is None and switch.ON:
+            exemplar = trace_exemplar()
+        _observe(self, amount, exemplar)
+
+
 def route_label(path: str) -> str:
     if path in ROUTES:
         return path
@@ -176,7 +195,7 @@ class GatewayMetrics:
         self.requests = Counter(
             "enginegate_requests", "HTTP requests by route, model and status.", ["route", "model", "status"], registry=r
         )
-        self.request_duration = Histogram(
+        self.request_duration = TracedHistogram(
             "enginegate_request_duration_seconds",
             "Time from request arrival to the last byte of the response.",
             ["route", "model"],
@@ -184,42 +203,42 @@ class GatewayMetrics:
             registry=r,
         )
         self.in_flight = Gauge("enginegate_requests_in_flight", "Requests being handled now.", ["route"], registry=r)
-        self.overhead = Histogram(
+        self.overhead = TracedHistogram(
             "enginegate_overhead_seconds",
             "The gateway's own time per request: total minus time queued for a slot and time inside the engine.",
             ["route"],
             buckets=OVERHEAD_BUCKETS,
             registry=r,
         )
-        self.ttft = Histogram(
+        self.ttft = TracedHistogram(
             "enginegate_time_to_first_token_seconds",
             "Time from request arrival to the first generated token leaving the gateway.",
             ["model", "engine"],
             buckets=TTFT_BUCKETS,
             registry=r,
         )
-        self.tpot = Histogram(
+        self.tpot = TracedHistogram(
             "enginegate_time_per_output_token_seconds",
             "Mean time between output tokens after the first, per request.",
             ["model", "engine"],
             buckets=TPOT_BUCKETS,
             registry=r,
         )
-        self.itl = Histogram(
+        self.itl = TracedHistogram(
             "enginegate_inter_token_latency_seconds",
             "Time between consecutive streamed content events (one token each for in-process engines).",
             ["model", "engine"],
             buckets=TPOT_BUCKETS,
             registry=r,
         )
-        self.e2e = Histogram(
+        self.e2e = TracedHistogram(
             "enginegate_e2e_request_latency_seconds",
             "Time from request arrival to the end of a completed generation (queue wait included).",
             ["model", "engine"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = TracedHistogram(
             "enginegate_queue_wait_seconds",
             "Time a request waited for a free engine slot.",
             ["model"],
@@ -246,7 +265,7 @@ class GatewayMetrics:
             buckets=TOKEN_BUCKETS,
             registry=r,
         )
-        self.tier_queue_wait = Histogram(
+        self.tier_queue_wait = TracedHistogram(
             "enginegate_scheduler_queue_wait_seconds",
             "Time a request waited for a free engine slot, by service tier (priority, default, flex).",
             ["model", "service_tier"],
@@ -458,7 +477,10 @@ class GatewayMetrics:
         if rate is not None:
             self.draft_acceptance.labels(model, engine).set(rate)
 
-    def render(self) -> bytes:
+    def render(self, openmetrics_format: bool = False) -> bytes:
+        """The classic Prometheus text, or OpenMetrics (the only format that carries exemplars)."""
+        if openmetrics_format:
+            return openmetrics.generate_latest(self.registry)  # type: ignore[no-any-return]
         return generate_latest(self.registry)
 
 
@@ -534,6 +556,8 @@ class MetricsMiddleware:
             total = time.perf_counter() - started
             model = scope.get("state", {}).get(MODEL_STATE_KEY, UNKNOWN)
             self.metrics.requests.labels(route, model, str(status)).inc()
+            # the server span (gateway/tracing/asgi.py, outside this middleware) is still current here:
+            # TracedHistogram takes its trace
             self.metrics.request_duration.labels(route, model).observe(total)
             self.metrics.overhead.labels(route).observe(timing.overhead(total))
 

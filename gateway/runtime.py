@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,11 +20,12 @@ from adapters import registry
 from adapters.base import Adapter, EngineError
 from adapters.config import EngineConfig, resolve_options
 from adapters.spec import EngineSpec
-from gateway import hardware, loading, modelsource, planning, tuning
+from gateway import hardware, loading, modelsource, planning, tracing, tuning
 from gateway.config import ModelConfig, Settings
 from gateway.hardware import HardwareSnapshot
 from gateway.lora import plan as lora_plan
 from gateway.planning import Plan
+from gateway.planning.engine_traces import TraceTarget, with_engine_traces
 from gateway.routing import Admission, Backend, Lifecycles, ModelLifecycle, ModelRegistry, Replica, replicas
 from gateway.routing.budget import gib
 
@@ -54,6 +56,7 @@ class Runtime:
         lifecycles = Lifecycles(loading.capacity(snapshot, settings.memory_budget),
                                 load_timeout=settings.load_timeout_seconds, swap_batch=settings.swap_batch_requests)
         only_one = len(settings.models) == 1
+        traces = trace_target(settings)
         for index, config in enumerate(settings.models):
             try:
                 requested = registry.spec(config.engine) if config.engine != "auto" else None
@@ -74,6 +77,8 @@ class Runtime:
             if plan is not None:
                 plan = planning.apply_user(plan, user, snapshot)
             engine = registry.spec(plan.engine if plan is not None else config.engine)
+            if plan is not None:
+                plan = with_engine_traces(plan, engine, traces, user)
             build = _replica_builder(config, str(resolved.path), model_id)
             choices = loading.engine_choices(plan, engine, Path(resolved.path), snapshot, config, build)
             if config.adapters:
@@ -254,6 +259,15 @@ def _replicas(config: ModelConfig, engine: EngineSpec, primary: EngineConfig, so
                                           embeddings=config.embeddings, chat_format=config.chat_format))
 
     return replicas.build(found, create, config)
+
+
+def trace_target(settings: Settings) -> TraceTarget | None:
+    """Where the gateway sends its spans (None: it does not trace), for the engines that trace themselves."""
+    try:
+        plan = tracing.tracing_plan(settings.tracing, os.environ)
+    except ValueError:  # a sampler or protocol tracing's own set-up refuses, and says so
+        return None
+    return TraceTarget(plan.endpoint, plan.protocol) if plan.on and plan.endpoint else None
 
 
 class PlanningError(Exception):

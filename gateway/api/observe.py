@@ -1,4 +1,4 @@
-"""/metrics (Prometheus text, optionally behind a key) and /v1/gateway/stats (a JSON summary for the status page)."""
+"""/metrics (Prometheus text, or OpenMetrics with exemplars when asked; optionally behind a key) and /v1/gateway/stats (a JSON summary for the status page)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from gateway.api.errors import error_response
 from gateway.api.scheduling import refresh_tiers
 from gateway.api.serving import metrics, runtime
 from gateway.epp_metrics import ModelLoad, ReplicaLoad, ServedNames, model_load
+from gateway.exemplars import wants_openmetrics
 from gateway.metrics import GENERATION_ROUTES, GatewayMetrics
 from gateway.middleware import bearer_token
 from gateway.routing import Backend, State
@@ -30,6 +31,7 @@ log = logging.getLogger("enginegate.metrics")
 router = APIRouter()
 STATS_TIMEOUT_S = 2.0
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_TEXT = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
 async def _bounded(model: str, read: Awaitable[EngineStats | None]) -> EngineStats | None:
@@ -131,6 +133,8 @@ async def prometheus_metrics(request: Request) -> Response:
                               headers={"WWW-Authenticate": "Bearer"})
     m = metrics(request)
     await refresh(m, runtime(request), epp=request.app.state.settings.epp_metrics)
+    if wants_openmetrics(request.headers.get("accept", "")):  # Prometheus asks for it; exemplars exist only there
+        return Response(m.render(openmetrics_format=True), media_type=OPENMETRICS_TEXT)
     return Response(m.render(), media_type=PROMETHEUS_TEXT)
 
 

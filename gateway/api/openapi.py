@@ -132,8 +132,10 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             if path == "/admin/auth/disable":
                 responses.update(_errors((409,)))
             if path == "/metrics":
-                responses["200"] = {"description": "Prometheus text exposition",
-                                    "content": {"text/plain": {"schema": {"type": "string"}}}}
+                responses["200"] = {"description": "Prometheus text exposition; OpenMetrics (with trace exemplars) "
+                                                   "when the Accept header asks for application/openmetrics-text",
+                                    "content": {"text/plain": {"schema": {"type": "string"}},
+                                                "application/openmetrics-text": {"schema": {"type": "string"}}}}
                 responses.update(_errors((401,)))  # when metrics_api_key is set
             if path == "/ready":
                 responses["503"] = {"description": "Not every model is ready, or the gateway is draining",

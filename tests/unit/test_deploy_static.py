@@ -55,7 +55,7 @@ def dashboards() -> dict[str, dict[str, Any]]:
 
 
 def test_dashboards_use_the_provisioned_datasource_and_are_well_formed() -> None:
-    ds = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/prometheus.yml").read_text())["datasources"][0]
+    ds = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/datasources.yml").read_text())["datasources"][0]
     boards = dashboards()
     assert {b["uid"] for b in boards.values()} == {"enginegate-overview", "enginegate-model", "enginegate-hardware"}
     for name, board in boards.items():
@@ -83,7 +83,7 @@ def test_dashboard_provider_path_is_where_compose_mounts_the_dashboards() -> Non
 # -- docker-compose -------------------------------------------------------------------------
 
 SECRETS = {"POSTGRES_PASSWORD": "pw-from-env", "REDIS_PASSWORD": "redis-pw-from-env"}
-SERVICES = {"postgres", "redis", "gateway-a", "gateway-b", "haproxy", "prometheus", "grafana"}
+SERVICES = {"postgres", "redis", "gateway-a", "gateway-b", "haproxy", "prometheus", "grafana", "jaeger"}
 HAPROXY = shutil.which("haproxy")
 
 
@@ -178,6 +178,36 @@ def test_compose_gateways_share_the_database_and_redis_and_wait_for_them() -> No
         assert re.fullmatch(r"\$\{\w+_PASSWORD:\?[^}]+\}", value), value
     example = dict(re.findall(r"^(\w+)=(.*)$", (DEPLOY / "env.example").read_text(), re.M))
     assert example["POSTGRES_PASSWORD"] == "" and example["REDIS_PASSWORD"] == ""
+
+
+def test_compose_traces_every_gateway_into_jaeger_and_links_metrics_to_traces() -> None:
+    compose = compose_file()
+    services = compose["services"]
+    jaeger = services["jaeger"]
+    assert jaeger["image"].startswith("jaegertracing/jaeger:2.")  # v2 all-in-one: OTLP 4317/4318, UI 16686
+    published = {p.rsplit(":", 1)[1] for p in jaeger["ports"]}
+    assert published == {"16686", "4317", "4318"}
+    for name, gateway in gateway_services(compose).items():
+        env = gateway["environment"]
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "${OTEL_EXPORTER_OTLP_ENDPOINT:-http://jaeger:4318}", name
+        assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf", name
+        assert env["OTEL_RESOURCE_ATTRIBUTES"] == f"service.instance.id={name}", name
+        assert env["ENGINEGATE_DATABASE_URL"].startswith("postgresql://"), f"{name}: the shared environment is kept"
+    assert "--enable-feature=exemplar-storage" in services["prometheus"]["command"]
+    assert "jaeger" in services["grafana"]["depends_on"]
+    sources = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/datasources.yml").read_text())["datasources"]
+    by_uid = {s["uid"]: s for s in sources}
+    assert by_uid["jaeger"]["type"] == "jaeger" and by_uid["jaeger"]["url"] == "http://jaeger:16686"
+    assert by_uid["prometheus"]["jsonData"]["exemplarTraceIdDestinations"] == [{"name": "trace_id", "datasourceUid": "jaeger"}]
+    # the latency panels show the exemplars (one target each: the others would repeat the same dots)
+    shown = {(name, p["title"]) for name, board in dashboards().items() for p in board["panels"]
+             if any(t.get("exemplar") for t in p["targets"])}
+    for panel in ("Time to first token", "Queue wait", "Time per output token"):
+        assert ("enginegate-overview.json", panel) in shown, panel
+    assert ("enginegate-model-engine.json", "Inter-token latency") in shown
+    for name, board in dashboards().items():
+        for p in board["panels"]:
+            assert sum(bool(t.get("exemplar")) for t in p["targets"]) <= 1, (name, p["title"])
 
 
 def haproxy_config() -> list[list[str]]:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.gateway_process import REPO_ROOT, RunningGateway, gateway
+from tests.integration.obs.traced import tracing_env
+from tests.otlp_receiver import Receiver, phoenix
 
 FAKE_NVML = Path(__file__).resolve().parent / "fake_nvml"
 METRICS_KEY = "metrics-key-for-test"
@@ -25,4 +27,18 @@ def gateway_with_fake_gpu() -> Iterator[RunningGateway]:
 @pytest.fixture(scope="module")
 def plain_gateway() -> Iterator[RunningGateway]:
     with gateway() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    """A real OTLP receiver (Phoenix) the module's traced gateway exports to."""
+    with phoenix() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def traced_gateway(receiver: Receiver) -> Iterator[RunningGateway]:
+    """The embedded model, every request traced into `receiver`."""
+    with gateway(env=tracing_env(receiver)) as running:
         yield running
