@@ -6,6 +6,9 @@ Configured through the model's `options`:
     api_key: sk-...        or  api_key_env: NAME_OF_ENV_VAR
     upstream_model: the id the upstream knows the model by (default: the served name)
     headers: {extra: header}        ask_usage: true        verify_on_start: true
+    engine_metrics: llama_server | vllm | sglang | ...  the engine the upstream runs, to read its running and
+        waiting requests from its Prometheus metrics (every client's, other gateways' among them): the load
+        the router bounds a shared replica by; unset, the gateway knows only its own requests there
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from adapters.base import (
     StreamEvent,
 )
 from adapters.openai_http import Relay, Upstream, UpstreamConnectionError, error_exception
+from adapters.prom import engine_stats
 from adapters.config import EngineConfig
 from adapters.server import ROUTES, timeouts_from
 from adapters.spec import EngineSpec
@@ -56,6 +60,20 @@ def _api_key(options: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _metrics_of(engine: object) -> tuple[str, Mapping[str, str]] | None:
+    """The metrics path and names of the engine `options.engine_metrics` names (None: unset)."""
+    if engine is None:
+        return None
+    from adapters import registry  # here: the registry imports this module
+
+    if not isinstance(engine, str) or engine not in registry.names():
+        raise ValueError(f"options.engine_metrics must name an engine ({', '.join(registry.names())}), got {engine!r}")
+    server = registry.spec(engine).server
+    if server is None or server.metrics_path is None or not server.metrics_map:
+        raise ValueError(f"options.engine_metrics: {engine} has no Prometheus metrics the gateway reads")
+    return server.metrics_path, server.metrics_map
+
+
 class ExternalAdapter(Adapter):
     def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
         self.declare(spec)
@@ -73,6 +91,7 @@ class ExternalAdapter(Adapter):
         )
         self.relay = Relay(f"upstream {urlsplit(self.upstream.base_url).netloc}", timeouts_from(self.options))
         self._verify = bool(self.options.get("verify_on_start", True))
+        self._metrics = _metrics_of(self.options.get("engine_metrics"))
 
     async def _models(self) -> list[str]:
         try:
@@ -119,7 +138,19 @@ class ExternalAdapter(Adapter):
         return await self.relay.complete(self.upstream, ROUTES["embeddings"], body, ctx)
 
     async def engine_stats(self) -> EngineStats | None:
-        return None
+        if self._metrics is None:
+            return None
+        path, names = self._metrics
+        try:
+            status, raw = await self.relay.get(self.upstream, path, timeout=2.0)
+        except (UpstreamConnectionError, OSError, TimeoutError, EngineError):
+            return None
+        if status != 200:
+            return None
+        try:
+            return engine_stats(raw.decode("utf-8", "replace"), names)
+        except ValueError:
+            return None
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.engine, "base_url": self.upstream.base_url, "upstream_model": self.upstream.model}

@@ -362,9 +362,10 @@ def run_sglang(variant: str, python: Path, extra: list[str], argv: list[str], wo
 # --- across gateways: two gateway processes in front of the same two llama-servers -------------------
 
 def across_config(engines: Engines, urls: list[str], peers: str | None) -> str:
-    """A gateway in front of the llama-servers at `urls` (`engine: openai` replicas capped at their slots),
+    """A gateway in front of the llama-servers at `urls` (`engine: openai` replicas capped at their slots, their load
+    read from their metrics: every gateway's requests there),
     routing by cache; `peers`: the Redis URL of routing.cache_peers."""
-    first, *others = [{"base_url": u, "max_concurrency": engines.parallel} for u in urls]
+    first, *others = [{"base_url": u, "max_concurrency": engines.parallel, "engine_metrics": "llama_server"} for u in urls]
     routing: dict[str, Any] = {"affinity": "cache", **({"cache_peers": peers} if peers else {})}
     return json.dumps({"models": [{"name": MODEL, "engine": "openai", "options": first, "routing": routing,
                                    "backends": [{"engine": "openai", "options": o} for o in others]}]})

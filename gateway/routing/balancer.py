@@ -76,9 +76,18 @@ def rank(key: str, names: Sequence[str]) -> list[int]:
     return sorted(range(len(names)), key=lambda i: weight(names[i]), reverse=True)
 
 
+def load(candidate: Candidate) -> float:
+    """A replica's load: the gateway's own requests there, or its engine's count where that is higher (a
+    shared upstream's other clients, among them other gateways in front of it)."""
+    return max(float(candidate.outstanding), candidate.engine_load)
+
+
 def bound(candidates: Sequence[Candidate], usable: Sequence[int], load_factor: float) -> int:
-    """The most outstanding requests one replica may hold before a keyed request spills past it."""
-    total = sum(candidates[i].outstanding for i in usable)
+    """The most requests (`load`) one replica may hold before a keyed request spills past it. On the engines'
+    own counts where they are higher, so gateways in front of the same replicas bound them alike: on its own
+    count alone each saw only its part of the load, and one spilled a conversation from the replica holding
+    it while another kept its turns there (issue 38, item 4)."""
+    total = sum(load(candidates[i]) for i in usable)
     return max(1, math.ceil(load_factor * (total + 1) / len(usable)))
 
 
@@ -119,7 +128,7 @@ class Balancer:
         calm = any(not candidates[i].queueing for i in usable)
         for i in order:
             c = candidates[i]
-            if not c.available or c.outstanding >= cap or (calm and c.queueing):
+            if not c.available or load(c) >= cap or (calm and c.queueing):
                 continue
             if i == home:
                 return Choice(i, "affinity")
@@ -128,7 +137,7 @@ class Balancer:
 
     def _by_cost(self, candidates: Sequence[Candidate], usable: list[int], places: Sequence[Place]) -> Choice:
         cap = bound(candidates, usable, self.load_factor)
-        within = [i for i in usable if candidates[i].outstanding < cap] or usable
+        within = [i for i in usable if load(candidates[i]) < cap] or usable
         n = len(candidates)
         start = self._next
         self._next = (self._next + 1) % n
@@ -141,11 +150,11 @@ class Balancer:
         start = self._next
         self._next = (self._next + 1) % n
 
-        def load(i: int) -> tuple[bool, float, int]:
+        def order(i: int) -> tuple[bool, float, int]:
             c = candidates[i]
-            return (c.saturated, max(float(c.outstanding), c.engine_load), (i - start) % n)
+            return (c.saturated, load(c), (i - start) % n)
 
-        return min(among, key=load)
+        return min(among, key=order)
 
     def _round_robin(self, n: int, usable: list[int]) -> int:
         for step in range(n):

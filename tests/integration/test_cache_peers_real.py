@@ -45,8 +45,9 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LlamaServ
         yield servers
 
 
-def config(engines: list[LlamaServer], peers: str | None) -> str:
-    first, *others = [{"base_url": e.url, "max_concurrency": 2, "verify_on_start": False} for e in engines]
+def config(engines: list[LlamaServer], peers: str | None, engine_metrics: bool = False) -> str:
+    first, *others = [{"base_url": e.url, "max_concurrency": 2, "verify_on_start": False,
+                       **({"engine_metrics": "llama_server"} if engine_metrics else {})} for e in engines]
     routing: dict[str, Any] = {"health_interval_seconds": 0.25, "open_seconds": 0.5}
     if peers:
         routing["cache_peers"] = peers
@@ -128,6 +129,53 @@ def test_the_second_gateways_turn_lands_where_the_first_placed_the_conversation(
         if peers:  # and back at the first gateway, the third turn finds what the second gateway's turn left
             third, (reason, where) = x.say(a, "And the rye?")
             assert (reason, where) == ("cache_hit", x_home) and cached(third) >= second["prompt_tokens"] - 8
+
+
+@pytest.mark.parametrize("engine_metrics", [True, False], ids=["engine-counts", "own-counts"])
+def test_both_gateways_see_the_load_another_client_puts_on_a_shared_replica(
+        engines: list[LlamaServer], redis: RedisServer, engine_metrics: bool) -> None:
+    """Another client (here: straight to the engine; in production another gateway) fills the replica holding a
+    conversation. With the engine's counts, each gateway sees that load as it is and bounds the replica by it:
+    both spill the conversation's next turn rather than queue it in the engine behind the other client's streams.
+    On its own counts a gateway saw an idle replica there, and each gateway a different load."""
+    cfg = config(engines, redis.url, engine_metrics)
+    with gateway(config_yaml=cfg) as a, gateway(config_yaml=cfg) as b:
+        listening(a, b)
+        x = Conversation(f"millet {engine_metrics}")
+        _, (_, home) = x.say(a)
+        body = {"model": MODEL, "max_tokens": 200, "ignore_eos": True, "stream": True,
+                "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]}
+
+        async def hold(http: httpx.AsyncClient) -> None:
+            async with http.stream("POST", f"{engines[home].url}/v1/chat/completions", json=body) as response:
+                async for _ in response.aiter_lines():
+                    pass
+
+        async def scenario() -> list[tuple[str, int]]:
+            async with httpx.AsyncClient(timeout=600) as http:
+                others = [asyncio.create_task(hold(http)) for _ in range(3)]  # 2 slots running, 1 waiting there
+                try:
+                    def loaded(gw: RunningGateway) -> bool:
+                        found = stats(gw)["replicas"][home]
+                        return (found["engine_running"] or 0) + (found["engine_waiting"] or 0) >= 3
+
+                    if engine_metrics:
+                        await asyncio.to_thread(wait, lambda: loaded(a) and loaded(b), "the engine's load seen by both")
+                    else:
+                        await asyncio.sleep(1.0)
+                        assert stats(a)["replicas"][home]["engine_running"] is None  # nothing read: only its own
+                    turns = [(b, "And the sorghum?"), *([(a, "And the teff?")] if engine_metrics else [])]
+                    return [(await asyncio.to_thread(Conversation.say, x, gw, text))[1] for gw, text in turns]
+                finally:
+                    for task in others:
+                        task.cancel()
+                    await asyncio.gather(*others, return_exceptions=True)
+
+        decided = asyncio.run(scenario())
+        if engine_metrics:  # b spilled past the full replica, and a, seeing the same load, goes where b's note says
+            assert decided[0] == ("cache_load", 1 - home) and decided[1][1] == 1 - home
+        else:
+            assert decided == [("cache_hit", home)]  # queued in the engine behind the other client
 
 
 def test_a_killed_replica_moves_its_sessions_and_serves_again_when_back(

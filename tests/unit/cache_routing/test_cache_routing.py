@@ -165,6 +165,27 @@ def test_balancer_by_cost_keeps_the_bound_and_health() -> None:
     assert no_prompt is not None and (no_prompt.index, no_prompt.reason) == (1, "least_outstanding")
 
 
+@pytest.mark.parametrize(
+    ("engines", "ours", "expected"),
+    [
+        # two gateways in front of the same two replicas, each with its own part of the load; the engines
+        # count all of it. Before, each bounded on its own part: A (2, 0) spilled the conversation from
+        # replica 0 (its bound 2) while B (1, 2) kept it there (its bound 3)
+        ((3, 2), {"A": (2, 0), "B": (1, 2)}, (0, "cache_hit")),
+        # the engines' 6 + 1: replica 0 is over ceil(1.25 * 8 / 2) = 5 for both (before, B kept it: 2 < 3)
+        ((6, 1), {"A": (4, 0), "B": (2, 1)}, (1, "cache_load")),
+    ],
+)
+def test_gateways_in_front_of_the_same_replicas_bound_them_alike(
+        engines: tuple[int, int], ours: dict[str, tuple[int, int]], expected: tuple[int, str]) -> None:
+    for gateway, own in ours.items():
+        candidates = [Candidate(str(i), outstanding=own[i], engine_load=engines[i]) for i in range(2)]
+        places = [place(matched=1000 if i == 0 else 0, outstanding=own[i], engine_load=engines[i], service=0.1)
+                  for i in range(2)]
+        choice = Balancer(affinity="cache", load_factor=1.25).choose(candidates, places=places)
+        assert choice is not None and (choice.index, choice.reason) == expected, gateway
+
+
 class FollowingView:
     """A precise view that, like KvEventsCache, already follows the engine's new launch on its own."""
 
