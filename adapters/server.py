@@ -31,6 +31,7 @@ from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, Pro
 from adapters.prom import engine_stats
 from adapters.config import EngineConfig
 from adapters.lora import lora_adapters, names
+from adapters.model_name import renamed
 from adapters.spec import EngineSpec, ServerSpec
 
 ROUTES: Mapping[str, str] = {
@@ -63,6 +64,9 @@ def restart_policy_from(options: Mapping[str, Any]) -> RestartPolicy:
 
 class ServerAdapter(Adapter):
     ask_usage: ClassVar[bool] = True
+    echoes_adapter_name: ClassVar[bool] = False
+    """The engine answers a LoRA adapter's request under the adapter's name (vLLM); otherwise the gateway
+    writes that name into the answer (adapters/model_name.py)."""
 
     def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
         if spec.server is None:
@@ -75,6 +79,7 @@ class ServerAdapter(Adapter):
         self.served = config.served
         self.loras = lora_adapters(self.options)
         """LoRA adapters served as models of their own on this engine (adapters/lora.py)."""
+        self.lora_names = names(self.loras)
         self.upstream_model = self.server.upstream_model(config) if self.server.upstream_model else None
         self.relay = Relay(self.engine, timeouts_from(self.options))
         self.ready_wait = float(self.options.get("ready_wait", 60.0))
@@ -165,8 +170,15 @@ class ServerAdapter(Adapter):
     async def _forward(self, path: str, body: dict[str, Any], ctx: RequestContext,
                        process: ManagedProcess | None = None) -> Completion | AsyncIterator[StreamEvent]:
         process = process or self.process
-        if process is self.process:  # not an embedder beside it (it loads no adapters)
-            body = self.select_lora(body, ctx)
+        if process is not self.process or not self.loras:  # an embedder beside it loads no adapters
+            return await self._forward_to(process, path, body, ctx)
+        result = await self._forward_to(process, path, self.select_lora(body, ctx), ctx)
+        if self.echoes_adapter_name or ctx.model not in self.lora_names:
+            return result  # the base (or an engine that names the adapter): the engine's bytes as they came
+        return renamed(result, ctx.model)
+
+    async def _forward_to(self, process: ManagedProcess, path: str, body: dict[str, Any],
+                          ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         upstream = await self._upstream(process)
         try:
             return await self.relay.forward(upstream, path, body, ctx)

@@ -151,6 +151,8 @@ def vllm_env(endpoint: Endpoint) -> dict[str, str]:
 
 
 class VllmServer(EngineServer):
+    echoes_adapter_name = True  # a LoRA adapter's request goes under its own name, and vLLM answers with it
+
     def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
         super().__init__(config, spec)
         self.kv_events = False
