@@ -73,6 +73,7 @@ class Runtime:
             user = user_settings(config)
             if plan is not None:
                 plan = planning.apply_user(plan, user, snapshot)
+                plan = lora_plan.for_plan(plan, lora_options(config) if config.adapters else [], config.options)
             engine = registry.spec(plan.engine if plan is not None else config.engine)
             build = _replica_builder(config, str(resolved.path), model_id)
             choices = loading.engine_choices(plan, engine, Path(resolved.path), snapshot, config, build)
