@@ -51,8 +51,8 @@ def client(gw: RunningGateway) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0, timeout=60)
 
 
-def ask(gw: RunningGateway, model: str) -> str:
-    reply = client(gw).chat.completions.create(model=model, messages=ASK, max_tokens=2)  # type: ignore[arg-type]
+def ask(gw: RunningGateway, model: str, tokens: int = 2) -> str:
+    reply = client(gw).chat.completions.create(model=model, messages=ASK, max_tokens=tokens)  # type: ignore[arg-type]
     assert reply.model == model
     return reply.choices[0].message.content or ""
 
@@ -153,3 +153,65 @@ def test_a_restarted_engine_loads_its_adapters_again(served: RunningGateway) -> 
     fresh = engine(served)
     assert fresh["pid"] != old and fresh["calls"] == ["load tone-a"], fresh
 
+
+
+@pytest.fixture(scope="module")
+def two_replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    tmp = tmp_path_factory.mktemp("lora-runtime-replicas")
+    (tmp / "model").mkdir()
+    for name in ("a", "b"):
+        (tmp / name).mkdir()
+        (tmp / name / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    options = {"executable": [sys.executable, "-m", "tests.engines.fake_engine", "vllm"],
+               "env": {"PYTHONPATH": str(REPO_ROOT), "FAKE_ENGINE_ARGS": "--tokens 4 --itl-ms 300"},
+               "log_dir": str(tmp / "logs"), "lora_loading": "runtime", "max_loras": 2, "max_concurrency": 1}
+    config = {"models": [{"source": str(tmp / "model"), "name": BASE, "engine": "vllm", "options": options,
+                          "replicas": 2, "routing": {"balance": "round_robin", "affinity": "none"},
+                          "adapters": [{"name": f"tone-{n}", "path": str(tmp / n)} for n in "ab"]}]}
+    with gateway(config_yaml=json.dumps(config)) as gw:
+        yield gw
+
+
+def engines(gw: RunningGateway) -> list[dict[str, Any]]:
+    """Each replica's emulator record."""
+    out = []
+    for proc in psutil.Process(gw.process.pid).children(recursive=True):
+        argv = proc.cmdline()
+        if "tests.emulators.engine_emulator" not in " ".join(argv):
+            continue
+        port, key = argv[argv.index("--port") + 1], argv[argv.index("--api-key") + 1] if "--api-key" in argv else ""
+        out.append(httpx.get(f"http://127.0.0.1:{port}/emulator/loras", headers={"Authorization": f"Bearer {key}"},
+                             timeout=10).json())
+    return out
+
+
+def decisions(gw: RunningGateway, model: str) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for line in gw.metrics().splitlines():
+        if line.startswith("enginegate_routing_decisions_total{") and f'model="{model}"' in line:
+            reason = line.split('reason="')[1].split('"')[0]
+            found[reason] = found.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def test_an_adapter_goes_where_the_loader_loaded_it_unless_that_replica_is_much_busier(
+        two_replicas: RunningGateway) -> None:
+    # round robin would send every other request to the replica without the adapter: the rule keeps them where
+    # the loader loaded it (both idle: no round of waiting to save)
+    for _ in range(4):
+        ask(two_replicas, "tone-a")
+    records = engines(two_replicas)
+    assert len(records) == 2 and sorted(r["calls"] for r in records) == [[], ["load tone-a"]], records
+    assert decisions(two_replicas, "tone-a").get("adapter_loaded", 0) >= 1
+    # four at once, one slot each: the loaded replica keeps those round robin gives it and takes the other's
+    # while it is at most a round of its slots busier; the last would wait three rounds there, so it stays on
+    # the other replica, which loads the adapter
+    with ThreadPoolExecutor(4) as pool:
+        futures = []
+        for _ in range(4):  # each 0.9 s long (4 tokens, 300 ms apart), sent 0.1 s apart
+            futures.append(pool.submit(ask, two_replicas, "tone-a", 4))
+            time.sleep(0.1)
+        assert all(f.result() for f in futures)
+    records = engines(two_replicas)
+    assert sorted(r["calls"] for r in records) == [["load tone-a"], ["load tone-a"]], (records, decisions(two_replicas, "tone-a"))
+    assert decisions(two_replicas, "tone-a").get("adapter_load", 0) >= 1
