@@ -39,7 +39,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]
             (tmp / name / "adapter_config.json").write_text(json.dumps({"r": 8, "target_modules": ["q_proj"]}))
         adapters.append({"name": f"tone-{name}", "path": str(tmp / name)})
     options = {"executable": [sys.executable, "-m", "tests.engines.fake_engine", "vllm"],
-               "env": {"PYTHONPATH": str(REPO_ROOT), "FAKE_ENGINE_ARGS": "--tokens 4 --itl-ms 150 --lora-load-ms 300"},
+               "env": {"PYTHONPATH": str(REPO_ROOT), "FAKE_ENGINE_ARGS": "--tokens 32 --itl-ms 150 --lora-load-ms 300"},
                "log_dir": str(tmp / "logs"), "restart_backoff": 0.1, "lora_loading": "runtime", "max_loras": 2}
     config = {"models": [{"source": str(tmp / "model"), "name": BASE, "engine": "vllm", "options": options,
                           "adapters": adapters}]}
@@ -102,8 +102,9 @@ def test_an_adapter_in_flight_is_not_evicted(served: RunningGateway) -> None:
     ask(served, "tone-b")
     ask(served, "tone-c")
     before = len(engine(served)["calls"])
-    stream = client(served).chat.completions.create(model="tone-b", messages=ASK, max_tokens=4, stream=True)  # type: ignore[arg-type]
-    first = next(iter(stream))  # b in flight now
+    # b in flight from its first chunk for 4.6 s (32 tokens 150 ms apart): what follows takes well under that
+    stream = client(served).chat.completions.create(model="tone-b", messages=ASK, max_tokens=32, stream=True)  # type: ignore[arg-type]
+    first = next(iter(stream))
     try:
         ask(served, "tone-c")  # b the least recently used, but held
         ask(served, "tone-a")  # so c is evicted, not b
