@@ -118,7 +118,7 @@ def test_server_engines_select_the_adapter_their_own_way() -> None:
 
 
 def test_runtime_loading_registers_nothing_at_start_and_sizes_the_engines_places(tmp_path: Path) -> None:
-    from adapters.lora import lora_flags, runtime_capacity, sglang_args, vllm_args  # noqa: PLC0415
+    from adapters.lora import lora_flags, runtime_capacity, sglang_args, vllm_args
 
     peft = tmp_path / "peft"
     peft.mkdir()
@@ -140,7 +140,7 @@ def test_runtime_loading_registers_nothing_at_start_and_sizes_the_engines_places
 
 
 def test_llama_server_refuses_runtime_loading_it_has_no_endpoint_for() -> None:
-    from adapters.base import EngineError  # noqa: PLC0415
+    from adapters.base import EngineError
 
     options = {"lora_adapters": [{"name": "tone-a", "path": "/w/a.gguf"}], "lora_loading": "runtime"}
     with pytest.raises(EngineError, match="llama-server loads every LoRA adapter at start"):
