@@ -186,7 +186,7 @@ class ServerAdapter(Adapter):
             result = await self._forward_to(process, path, self.select_lora(body, ctx), ctx)
         if self.echoes_adapter_name or ctx.model not in self.lora_names:
             return result  # the base (or an engine that names the adapter): the engine's bytes as they came
-        return renamed(result, ctx.model)
+        return renamed(result, ctx.model, self.served)  # llama-server's alias, SGLang's model id
 
     async def _with_runtime_lora(self, loras: RuntimeLoras, process: ManagedProcess, path: str, body: dict[str, Any],
                                  ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:

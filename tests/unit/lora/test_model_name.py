@@ -73,3 +73,15 @@ def test_every_chunk_of_a_stream_and_its_close_reaches_the_engine() -> None:
     closed.clear()
     asyncio.run(abandon())
     assert closed == [True]
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"id":"c1","model":"base","choices":[{"delta":{"content":"hi"}}]}',
+    b'{"id":"c1","model":"base","choices":[{"delta":{"content":"\\"model\\":\\"base\\""}}]}',  # quoted in text
+    b'{"id":"c1","model": "base","choices":[]}',  # not compact: parsed instead
+    b'{"type":"response.completed","response":{"model":"base","output":[]}}',
+])
+def test_the_engines_compact_name_is_replaced_in_place_with_the_same_result(raw: bytes) -> None:
+    fast, parsed = renamed_json(raw, "tone", "base"), renamed_json(raw, "tone")
+    assert orjson.loads(fast) == orjson.loads(parsed)
+    assert b'\\"model\\":\\"base\\"' not in raw or b'\\"model\\":\\"base\\"' in fast  # the text is left alone
