@@ -110,6 +110,11 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
               "capability 8.0)."),
     ErrorCode("embeddings_disabled", GATEWAY, (503,), "`embeddings: false` on the model."),
     ErrorCode("engine_unavailable", GATEWAY, (503,), "The engine answered 503/529 or is restarting."),
+    ErrorCode("adapter_load_failed", GATEWAY, (503,), "A LoRA adapter loaded at run time (`lora_loading: runtime`) "
+              "could not be loaded on its engine (its path is wrong, or the engine refused it); the gateway's log "
+              "names the path and the engine's reason. The base model and the other adapters are not affected."),
+    ErrorCode("adapter_slots_full", GATEWAY, (503,), "Every adapter place of the engine (`max_loaded_loras`) was "
+              "held by requests in flight for other adapters for `ready_wait` seconds."),
     ErrorCode("engine_unreachable", GATEWAY, (503,), "The engine's port refused the connection."),
     ErrorCode("engine_reset", GATEWAY, (502,), "The engine closed the connection before it answered."),
     ErrorCode("engine_disconnected", GATEWAY, (502,), "The engine's connection was lost mid-response (also a stream's "

@@ -88,7 +88,14 @@ def launch_args(binary: Path, model_path: Path, served: str, options: Mapping[st
         argv += ["-ctk", kv, "-ctv", kv]
     argv += feature_args(options)
     if not embeddings:
-        argv += lora.llama_server_args(lora.lora_adapters(options))
+        adapters = lora.lora_adapters(options)
+        try:
+            if adapters and lora.runtime_loading(options):
+                raise ValueError("llama-server loads every LoRA adapter at start and selects one by each request's "
+                                 "scales: lora_loading runtime is vLLM's and SGLang's")
+        except ValueError as exc:
+            raise EngineError(str(exc), 503, "invalid_engine_options") from exc
+        argv += lora.llama_server_args(adapters)
     if options.get("split_mode"):
         argv += ["-sm", str(options["split_mode"])]
     if options.get("tensor_split"):

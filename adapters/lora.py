@@ -12,6 +12,9 @@ may share one file at different scales. Selection, per engine:
 - vLLM and SGLang register each name at start (`--lora-modules name=path`, `--lora-paths name=path`) and
   a request for it names it as its `model`; the engine keeps the adapters of `--max-loras` slots on the
   GPU and evicts the least recently used itself.
+- With `lora_loading: runtime` (vLLM, SGLang) none is registered at start: the gateway loads an adapter on its
+  first request through the engine's own endpoint and keeps at most `max_loaded_loras` of them loaded,
+  unloading the least recently used one no request is using (adapters/lora_eviction.py, lora_runtime.py).
 """
 
 from __future__ import annotations
@@ -85,11 +88,62 @@ def peft_rank(path: str) -> int | None:
     return int(rank) if isinstance(rank, int) and rank > 0 else None
 
 
+LOADING = ("start", "runtime")
+
+
+def runtime_loading(options: Mapping[str, Any]) -> bool:
+    """`options.lora_loading`: `start` (every adapter registered when the engine starts; the default) or
+    `runtime` (each loaded by the gateway on first use, within `max_loaded_loras`)."""
+    mode = options.get("lora_loading") or "start"
+    if mode not in LOADING:
+        raise ValueError(f"options.lora_loading {mode!r}: one of {', '.join(LOADING)}")
+    return mode == "runtime"
+
+
+def runtime_capacity(adapters: tuple[LoraAdapter, ...], options: Mapping[str, Any]) -> int:
+    """How many adapters the engine keeps loaded at once with runtime loading: `max_loaded_loras`, at least the
+    GPU slots (vLLM's --max-cpu-loras and SGLang's --max-loaded-loras may not be fewer than the slots)."""
+    slots, _ = _slots_and_rank(adapters, options)
+    return max(slots, int(options.get("max_loaded_loras") or slots))
+
+
+def lora_flags(adapters: tuple[LoraAdapter, ...], options: Mapping[str, Any]) -> dict[str, Any]:
+    """What the plan shows of the LoRA flags chosen: slots, max rank, loading and how many stay loaded."""
+    if not adapters:
+        return {}
+    slots, rank = _slots_and_rank(adapters, options)
+    runtime = runtime_loading(options)
+    return {"slots": slots, "max_rank": rank, "loading": "runtime" if runtime else "start",
+            "loaded_at_once": runtime_capacity(adapters, options) if runtime else len(names(adapters))}
+
+
 def _slots_and_rank(adapters: tuple[LoraAdapter, ...], options: Mapping[str, Any]) -> tuple[int, int]:
     slots = int(options.get("max_loras") or min(len(names(adapters)), DEFAULT_MAX_LORAS))
     ranks = [r for r in (peft_rank(a.path) for a in adapters) if r is not None]
     wanted = int(options.get("max_lora_rank") or max(ranks, default=16))
     return slots, next((r for r in VLLM_RANKS if r >= wanted), wanted)
+
+
+def peft_targets(adapters: tuple[LoraAdapter, ...]) -> list[str]:
+    """The modules the PEFT adapters adapt (`target_modules`), for an engine that sizes its LoRA buffers before
+    any adapter is loaded; `all` where a config does not say."""
+    import json
+    from pathlib import Path
+
+    found: list[str] = []
+    for a in adapters:
+        try:
+            targets = json.loads((Path(a.path) / "adapter_config.json").read_text()).get("target_modules")
+        except (OSError, ValueError, AttributeError):
+            return ["all"]
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            return ["all"]
+        found += [t for t in targets if t not in found]
+    return found or ["all"]
+
+
+VLLM_RUNTIME_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+"""vLLM serves /v1/load_lora_adapter and /v1/unload_lora_adapter only with this set."""
 
 
 def _unscaled(adapters: tuple[LoraAdapter, ...], engine: str) -> None:
@@ -105,6 +159,9 @@ def vllm_args(adapters: tuple[LoraAdapter, ...], options: Mapping[str, Any]) -> 
         return []
     _unscaled(adapters, "vLLM")
     slots, rank = _slots_and_rank(adapters, options)
+    if runtime_loading(options):  # loaded by the gateway through /v1/load_lora_adapter (VLLM_RUNTIME_ENV)
+        return ["--enable-lora", "--max-loras", str(slots), "--max-lora-rank", str(rank),
+                "--max-cpu-loras", str(runtime_capacity(adapters, options))]
     return ["--enable-lora", "--lora-modules", *(f"{a.name}={a.path}" for a in adapters), "--max-loras", str(slots),
             "--max-lora-rank", str(rank), "--max-cpu-loras", str(max(slots, len(adapters)))]
 
@@ -115,5 +172,9 @@ def sglang_args(adapters: tuple[LoraAdapter, ...], options: Mapping[str, Any]) -
         return []
     _unscaled(adapters, "SGLang")
     slots, rank = _slots_and_rank(adapters, options)
+    if runtime_loading(options):  # loaded through /load_lora_adapter; the shapes come from the target modules
+        return ["--enable-lora", "--max-loras-per-batch", str(slots), "--max-lora-rank", str(rank),
+                "--max-loaded-loras", str(runtime_capacity(adapters, options)),
+                "--lora-target-modules", *peft_targets(adapters), "--lora-eviction-policy", "lru"]
     return ["--enable-lora", "--lora-paths", *(f"{a.name}={a.path}" for a in adapters), "--max-loras-per-batch",
             str(slots), "--max-lora-rank", str(rank), "--lora-eviction-policy", "lru"]

@@ -30,7 +30,9 @@ from adapters.paths import engine_log_path
 from adapters.process import Endpoint, Launch, ManagedProcess, ProcessError, ProcessState, RestartPolicy
 from adapters.prom import engine_stats
 from adapters.config import EngineConfig
-from adapters.lora import lora_adapters, names
+from adapters.lora import LoraAdapter, lora_adapters, names, runtime_capacity, runtime_loading
+from adapters.lora_runtime import RuntimeLoras, released_at_end
+from adapters.model_name import renamed
 from adapters.spec import EngineSpec, ServerSpec
 
 ROUTES: Mapping[str, str] = {
@@ -63,6 +65,11 @@ def restart_policy_from(options: Mapping[str, Any]) -> RestartPolicy:
 
 class ServerAdapter(Adapter):
     ask_usage: ClassVar[bool] = True
+    echoes_adapter_name: ClassVar[bool] = False
+    """The engine answers a LoRA adapter's request under the adapter's name (vLLM); otherwise the gateway
+    writes that name into the answer (adapters/model_name.py)."""
+    loads_loras_at_runtime: ClassVar[bool] = False
+    """The engine has endpoints to load and unload an adapter while it runs (`load_lora`, `unload_lora`)."""
 
     def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
         if spec.server is None:
@@ -75,6 +82,12 @@ class ServerAdapter(Adapter):
         self.served = config.served
         self.loras = lora_adapters(self.options)
         """LoRA adapters served as models of their own on this engine (adapters/lora.py)."""
+        self.lora_names = names(self.loras)
+        self.runtime_loras: RuntimeLoras | None = None
+        """With `lora_loading: runtime`: the adapters the gateway has loaded, least recently used evicted."""
+        if self.loras and self.loads_loras_at_runtime and runtime_loading(self.options):
+            self.runtime_loras = RuntimeLoras(self, self.loras, runtime_capacity(self.loras, self.options),
+                                              wait=float(self.options.get("ready_wait", 60.0)))
         self.upstream_model = self.server.upstream_model(config) if self.server.upstream_model else None
         self.relay = Relay(self.engine, timeouts_from(self.options))
         self.ready_wait = float(self.options.get("ready_wait", 60.0))
@@ -165,8 +178,50 @@ class ServerAdapter(Adapter):
     async def _forward(self, path: str, body: dict[str, Any], ctx: RequestContext,
                        process: ManagedProcess | None = None) -> Completion | AsyncIterator[StreamEvent]:
         process = process or self.process
-        if process is self.process:  # not an embedder beside it (it loads no adapters)
-            body = self.select_lora(body, ctx)
+        if process is not self.process or not self.loras:  # an embedder beside it loads no adapters
+            return await self._forward_to(process, path, body, ctx)
+        if self.runtime_loras is not None and ctx.model in self.lora_names:
+            result = await self._with_runtime_lora(self.runtime_loras, process, path, body, ctx)
+        else:
+            result = await self._forward_to(process, path, self.select_lora(body, ctx), ctx)
+        if self.echoes_adapter_name or ctx.model not in self.lora_names:
+            return result  # the base (or an engine that names the adapter): the engine's bytes as they came
+        return renamed(result, ctx.model, self.served)  # llama-server's alias, SGLang's model id
+
+    async def _with_runtime_lora(self, loras: RuntimeLoras, process: ManagedProcess, path: str, body: dict[str, Any],
+                                 ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
+        """The request holds its adapter loaded from before it is sent until its answer ends."""
+        name = ctx.model
+        await loras.acquire(name, self.incarnation())
+        try:
+            result = await self._forward_to(process, path, self.select_lora(body, ctx), ctx)
+        except BaseException:
+            loras.release(name)
+            raise
+        if isinstance(result, Completion):
+            loras.release(name)
+            return result
+        return released_at_end(result, lambda: loras.release(name))
+
+    async def load_lora(self, adapter: LoraAdapter) -> None:
+        raise EngineError(f"{self.engine} cannot load a LoRA adapter at run time", 503, "adapter_load_failed")
+
+    async def unload_lora(self, name: str) -> None:
+        raise EngineError(f"{self.engine} cannot unload a LoRA adapter at run time", 503, "adapter_load_failed")
+
+    async def _lora_call(self, route: str, body: dict[str, Any], settled: tuple[str, ...]) -> None:
+        """POST to the engine's adapter endpoint; an answer whose message has one of `settled` counts as done
+        (loading one it has, unloading one it lacks: after a restart the gateway's record may lag the engine)."""
+        ctx = RequestContext(request_id=f"lora-{body.get('lora_name')}", model=self.served)
+        try:
+            await self.relay.complete(await self._upstream(), route, body, ctx)
+        except Exception as exc:
+            if any(s in str(exc) for s in settled):
+                return
+            raise
+
+    async def _forward_to(self, process: ManagedProcess, path: str, body: dict[str, Any],
+                          ctx: RequestContext) -> Completion | AsyncIterator[StreamEvent]:
         upstream = await self._upstream(process)
         try:
             return await self.relay.forward(upstream, path, body, ctx)
@@ -188,8 +243,13 @@ class ServerAdapter(Adapter):
         return await self.relay.forward(await self._upstream(process), path, body, ctx)
 
     def loaded_loras(self) -> frozenset[str]:
-        """The adapters loaded now: every configured one while the engine is ready (all load at start)."""
-        return names(self.loras) if self.process.state is ProcessState.READY else frozenset()
+        """The adapters loaded now, while the engine is ready: every configured one (all load at start), or
+        with runtime loading those the gateway has loaded."""
+        if self.process.state is not ProcessState.READY:
+            return frozenset()
+        if self.runtime_loras is not None:
+            return self.runtime_loras.loaded(self.incarnation())
+        return self.lora_names
 
     def select_lora(self, body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         """A request for one of the LoRA adapters names it as its `model` (vLLM's, SGLang's way)."""

@@ -101,6 +101,15 @@ def sglang_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
 
 
 class SglangServer(EngineServer):
+    loads_loras_at_runtime = True  # /load_lora_adapter, /unload_lora_adapter
+
+    async def load_lora(self, adapter: lora.LoraAdapter) -> None:
+        await self._lora_call("/load_lora_adapter", {"lora_name": adapter.name, "lora_path": adapter.path},
+                              ("already loaded", "already exists"))
+
+    async def unload_lora(self, name: str) -> None:
+        await self._lora_call("/unload_lora_adapter", {"lora_name": name}, ())
+
     def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
         super().__init__(config, spec)
         if self.config_error is None:

@@ -155,6 +155,16 @@ def vllm_env(endpoint: Endpoint) -> dict[str, str]:
 
 
 class VllmServer(EngineServer):
+    echoes_adapter_name = True  # a LoRA adapter's request goes under its own name, and vLLM answers with it
+    loads_loras_at_runtime = True  # /v1/load_lora_adapter, /v1/unload_lora_adapter (VLLM_ALLOW_RUNTIME_LORA_UPDATING)
+
+    async def load_lora(self, adapter: lora.LoraAdapter) -> None:
+        await self._lora_call("/v1/load_lora_adapter", {"lora_name": adapter.name, "lora_path": adapter.path},
+                              ("has already been loaded",))
+
+    async def unload_lora(self, name: str) -> None:
+        await self._lora_call("/v1/unload_lora_adapter", {"lora_name": name}, ("cannot be found",))
+
     def __init__(self, config: EngineConfig, spec: EngineSpec) -> None:
         super().__init__(config, spec)
         self.kv_events = False
@@ -200,6 +210,8 @@ def vllm_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
                      str(policy) if policy else None, events)
     traces = engine_traces(adapter.options)
     env = vllm_env(endpoint) | (traces.env("vllm") if traces else {})
+    if adapter.runtime_loras is not None:
+        env.update(lora.VLLM_RUNTIME_ENV)
     return Launch(argv + lora.vllm_args(adapter.loras, adapter.options) + vllm_trace_args(traces), env)
 
 

@@ -22,7 +22,8 @@ selects one (`vllm:num_requests_waiting{model_name="m"}`), so a pool of multi-mo
 the configured names whose engine is not, `max_lora` how many names the pod serves. The EPP's
 LoRA-affinity scorer then prefers a pod where the requested name is loaded, then one that has it
 configured, and never one that lacks it. A model's LoRA adapters (docs/lora.md) are names of their own
-here, ready with their base's engine, which loads every adapter at start.
+here, running where a replica's engine has the adapter loaded (every one, when adapters load at start; with
+`lora_loading: runtime`, those the gateway's loader holds now) and waiting otherwise.
 """
 
 from __future__ import annotations

@@ -76,6 +76,7 @@ class Runtime:
             user = user_settings(config)
             if plan is not None:
                 plan = planning.apply_user(plan, user, snapshot)
+                plan = lora_plan.for_plan(plan, lora_options(config) if config.adapters else [], config.options)
             engine = registry.spec(plan.engine if plan is not None else config.engine)
             if plan is not None:
                 plan = with_engine_traces(plan, engine, traces, user)

@@ -24,6 +24,7 @@ from gateway.middleware import bearer_token
 from gateway.routing import Backend, State
 from gateway.routing.health import BreakerState
 from gateway.routing.pool import Replica
+from gateway.routing.registry import loaded_loras
 from gateway.runtime import Runtime
 from gateway.scheduling import REFUSAL_REASONS, TIERS
 
@@ -87,9 +88,12 @@ async def refresh(m: GatewayMetrics, rt: Runtime, epp: bool = True) -> dict[str,
         _refresh_replicas(m, backend)
         if epp:
             loads[backend.model_id] = model_load([_replica_load(r, s) for r, s in zip(replicas, per_replica)])
-            # a LoRA adapter is loaded where its base's engine is ready (its engine loads every adapter at start)
-            (names_ready if health.ready else names_not_ready).extend(
-                (backend.model_id, *backend.aliases, *(child.model_id for child in backend.children)))
+            (names_ready if health.ready else names_not_ready).extend((backend.model_id, *backend.aliases))
+            # a LoRA adapter is running where a replica's engine has it loaded (all of them at start, or what
+            # runtime loading has loaded now), waiting elsewhere
+            loaded = frozenset().union(*(loaded_loras(r.adapter) for r in replicas)) if health.ready else frozenset()
+            for child in backend.children:
+                (names_ready if child.model_id in loaded else names_not_ready).append(child.model_id)
     if epp:
         m.epp.update(loads, ServedNames(tuple(names_ready), tuple(names_not_ready)))
     return ready

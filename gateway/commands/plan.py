@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from gateway.hardware import HardwareSnapshot, detect
+from gateway.lora import plan as lora_plan
 from gateway.modelsource import ModelSourceError, embedded_model_path
 from adapters import registry
 from gateway.planning import (
@@ -35,6 +36,7 @@ def describe(p: Plan) -> str:
     lines += [f"feature  {f.describe()}" for f in p.features]
     lines += _figures(p)
     lines += _measured(p)
+    lines += _lora(p)
     lines += [f"warning  {w}" for w in p.warnings]
     lines += [f"assumed  {a}" for a in p.assumed]
     lines += [f"note     {n}" for n in p.notes]
@@ -97,6 +99,50 @@ def _figures(p: Plan) -> list[str]:
     return lines
 
 
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _lora(p: Plan) -> list[str]:
+    """The adapters, the engine's LoRA flags, and what they cost in memory."""
+    lo = p.lora
+    if lo is None:
+        return []
+    lines = [f"lora     {a.name}: {a.path} ({_mb(a.bytes)}), scale {a.scale:g}" for a in lo.adapters]
+    if lo.note:
+        return lines + [f"lora     {lo.note}"]
+    if lo.slots is not None:
+        lines.append(f"lora     loading {lo.loading}: {lo.loaded_at_once} loaded at once, {lo.slots} in a batch, "
+                     f"max rank {lo.max_rank}")
+    else:
+        lines.append(f"lora     loading {lo.loading}: every file ({lo.loaded_at_once}), applied by each request's scales")
+    lines.append(f"lora     flags {' '.join(lo.engine_flags)}")
+    reserve = f"; the slots reserve >= {_mb(lo.slot_bytes)} of buffers" if lo.slot_bytes is not None else ""
+    lines.append(f"lora     memory {_mb(lo.file_bytes)} of adapter files beside the weights{reserve}")
+    return lines
+
+
+def _adapters(values: list[str]) -> list[dict[str, object]]:
+    """`--adapter NAME=PATH[@SCALE]`, as `options.lora_adapters` entries."""
+    out: list[dict[str, object]] = []
+    for value in values:
+        name, sep, rest = value.partition("=")
+        path, _, scale = rest.rpartition("@") if "@" in rest else (rest, "", "")
+        if not sep or not name or not path:
+            raise ValueError(f"--adapter {value!r}: give NAME=PATH or NAME=PATH@SCALE")
+        if not Path(path).expanduser().exists():
+            raise ValueError(f"--adapter {name}: {path} does not exist")
+        out.append({"name": name, "path": str(Path(path).expanduser().resolve()),
+                    "scale": float(scale) if scale else 1.0})
+    return out
+
+
+def _lora_options(args: argparse.Namespace) -> dict[str, object]:
+    given = {"max_loras": args.max_loras, "max_lora_rank": args.max_lora_rank, "lora_loading": args.lora_loading,
+             "max_loaded_loras": args.max_loaded_loras}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def _measured(p: Plan) -> list[str]:
     """The tune record's results, ranked, each measured figure next to what the planner predicted."""
     m = p.measured
@@ -153,6 +199,14 @@ def run(args: argparse.Namespace) -> int:
         decision = plan(snapshot, spec, workload, requested_engine=args.engine, installed=installed, rules=rules)
         if args.tune:
             decision = apply_tuning(decision, lookup(snapshot, Path(spec.path), workload))
+        adapters = _adapters(args.adapter)
+        switch = lora_plan.engine_for_adapters(decision.engine) if adapters and args.engine == "auto" else None
+        if switch is not None:  # as `serve` does: an engine that selects an adapter per request
+            again = plan(snapshot, spec, workload, requested_engine=switch, installed=installed, rules=rules)
+            why = (f"{len(adapters)} LoRA adapter(s): served by {switch}, which selects one per request "
+                   f"(the plan's {decision.engine} loads one adapter per context)")
+            decision = again.model_copy(update={"reasons": (*again.reasons, why)})
+        decision = lora_plan.for_plan(decision, adapters, _lora_options(args))
     except (SpecError, NoEngineError, ModelSourceError, FileNotFoundError, ValueError, registry.UnknownEngineError) as exc:
         print(f"enginegate plan: {exc}", file=sys.stderr)
         return 2
@@ -175,6 +229,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--engine", default="auto", help="force an engine; its failed constraints become warnings")
     p.add_argument("--rules", help="a selection rules YAML that overrides the built-in gateway/data/selection.yaml")
     p.add_argument("--installed", help="comma-separated engines to treat as installed (default: check this machine)")
+    p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH[@SCALE]",
+                   help="a LoRA adapter served over the model (repeat for more): the plan shows the engine's LoRA "
+                        "flags and what they cost")
+    p.add_argument("--max-loras", type=int, help="LoRA adapters in one batch (vLLM, SGLang); default min(adapters, 4)")
+    p.add_argument("--max-lora-rank", type=int, help="the rank LoRA buffers are sized for; default the adapters' own")
+    p.add_argument("--lora-loading", choices=["start", "runtime"], help="adapters registered at start, or loaded "
+                   "by the gateway on first use (vLLM, SGLang)")
+    p.add_argument("--max-loaded-loras", type=int, help="with --lora-loading runtime: adapters loaded at once")
     p.add_argument("--json", action="store_true", help="print the Plan as JSON (engine at the top level)")
     p.add_argument("--no-tune", dest="tune", action="store_false",
                    help="ignore `enginegate tune` records: the prediction alone")

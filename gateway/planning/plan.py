@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adapters import registry
 from gateway.hardware import HardwareSnapshot
+from gateway.lora.summary import LoraPlan
 from gateway.planning.capacity import (
     Capacity,
     KvSizing,
@@ -67,6 +68,8 @@ class Plan(BaseModel):
     """The engine's own speed-ups (speculation, KV cache type, prefix and prompt caches, batching), each with its reason."""
     notes: tuple[str, ...] = ()
     """What the host has that this plan does not use (accelerators with no probe or engine)."""
+    lora: LoraPlan | None = None
+    """The model's LoRA adapters and the engine's LoRA flags for them (docs/lora.md); None without adapters."""
 
     def summary(self) -> str:
         return f"{self.engine}: {self.reasons[0]}" if self.reasons else self.engine

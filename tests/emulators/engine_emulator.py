@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,6 +32,7 @@ from aiohttp import web
 
 from tests.emulators import responses_api
 from tests.emulators.tool_calls import ToolCallPlan, forced_tool
+from tests.emulators.vllm_lora import VllmLoras
 from tests.emulators.emulator_metrics import EmulatorMetrics
 from tests.emulators.styles import STYLES, ErrorReply, Json, Style, get_style
 
@@ -70,6 +72,10 @@ class Config:
     """vLLM's --speculative-config num_speculative_tokens (0: no speculation, no spec_decode metrics)."""
     prefill_per_token: float = 0.0
     """Seconds of prefill per prompt token, added to the ttft (a long prompt's first token comes later)."""
+    lora_modules: tuple[str, ...] | None = None
+    """vllm: --enable-lora's `--lora-modules name=path` (None: LoRA not enabled; tests/emulators/vllm_lora.py)."""
+    lora_load: float = 0.0
+    """Seconds a runtime adapter load takes."""
 
 
 class BadRequest(Exception):
@@ -122,6 +128,8 @@ class Plan:
     """Choices per request (`n`): each the same text."""
     service_tier: str | None = None
     """The tier the response reports (as OpenAI's: the one it was served at), when the request named one."""
+    model: str = ""
+    """The name the answer carries (a LoRA adapter's own on vLLM; the served model's otherwise)."""
 
 
 def plan_generation(body: Json, chat: bool, default_tokens: int) -> Plan:
@@ -185,6 +193,7 @@ class Emulator:
         self.processing = 0
         self.generation_failed = False
         self.created = int(time.time())
+        self.loras = VllmLoras.from_modules(cfg.model, cfg.lora_modules, cfg.lora_load) if cfg.lora_modules is not None else None
 
     # --- application --------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -196,6 +205,8 @@ class Emulator:
         r.add_post("/v1/completions", self.completions)
         if self.style.embeddings:
             r.add_post("/v1/embeddings", self.embeddings)
+        if self.loras is not None:
+            self.loras.routes(r)
         r.add_get("/health", self.health)
         if self.style.metrics_path:
             r.add_get(self.style.metrics_path, self.prometheus)
@@ -267,7 +278,8 @@ class Emulator:
     async def models(self, request: web.Request) -> web.Response:
         absent = self.worker() == "absent"
         entries = [] if absent or (not self.ready.is_set() and self.style.loading == "models_empty") else [
-            self.style.model_entry(self.cfg.model, self.created, self.cfg.max_model_len)
+            self.style.model_entry(self.cfg.model, self.created, self.cfg.max_model_len),
+            *(self.loras.entries(self.created) if self.loras is not None else ())
         ]
         return web.json_response(self.style.models_list(entries), dumps=lambda o: orjson.dumps(o).decode())
 
@@ -325,7 +337,7 @@ class Emulator:
         body, early = await self.admit(request)
         if early is not None:
             return early
-        return await responses_api.serve(request, body, self.cfg.model, self.cfg.tokens, self.cfg.error_after)
+        return await responses_api.serve(request, body, self.answer_model(body), self.cfg.tokens, self.cfg.error_after)
 
     async def read_body(self, request: web.Request) -> Json:
         try:
@@ -355,13 +367,18 @@ class Emulator:
         if failure is not None:
             return body, failure
         model = body.get("model")
-        if self.style.name in ("vllm", "dynamo") and model is not None and model != self.cfg.model:
+        if self.style.name in ("vllm", "dynamo") and model is not None and model != self.cfg.model \
+                and not (self.loras is not None and self.loras.knows(str(model))):
             return body, self.error(404, f"The model `{model}` does not exist.", "model")
         if not self.ready.is_set():  # SGLang warmup and MLX loading: requests wait
             await self.ready.wait()
         if self.worker() != "up":  # the Dynamo frontend without a serving worker
             return body, self.error(503, "Service temporarily unavailable")
         return body, None
+
+    def answer_model(self, body: Json) -> str:
+        model = body.get("model")
+        return str(model) if self.loras is not None and self.loras.knows(str(model)) else self.cfg.model
 
     def record_request(self, request: web.Request, body: Json) -> None:
         """One JSON line per generation request: path, headers (lower-cased names) and body, for tests
@@ -394,7 +411,7 @@ class Emulator:
         if early is not None:
             return early
         try:
-            plan = plan_generation(body, chat, self.cfg.tokens)
+            plan = dataclasses.replace(plan_generation(body, chat, self.cfg.tokens), model=self.answer_model(body))
         except BadRequest as exc:
             return self.error(400, str(exc), exc.param)
         wanted = plan.prompt_tokens + (plan.max_tokens if plan.max_tokens is not None else plan.completion_tokens)
@@ -487,7 +504,7 @@ class Emulator:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": plan.finish_reason}
         end = time.perf_counter()
         payload: Json = {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                         "created": int(time.time()), "model": self.cfg.model,
+                         "created": int(time.time()), "model": plan.model,
                          "choices": [{**choice, "index": i} for i in range(plan.n)]}
         if plan.service_tier is not None:
             payload["service_tier"] = plan.service_tier
@@ -517,7 +534,7 @@ class Emulator:
                 choice: Json = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            out: Json = {"id": rid, "object": obj, "created": created, "model": cfg.model,
+            out: Json = {"id": rid, "object": obj, "created": created, "model": plan.model,
                          "choices": [{**choice, "index": i} for i in range(plan.n)]}
             if plan.service_tier is not None:
                 out["service_tier"] = plan.service_tier
@@ -571,7 +588,7 @@ class Emulator:
         await emit(final)
         if plan.include_usage and not cfg.no_usage:
             await emit({"id": rid, "object": style.usage_object() if chat else obj, "created": created,
-                        "model": cfg.model, "choices": [], "usage": usage(plan.prompt_tokens, produced * plan.n)})
+                        "model": plan.model, "choices": [], "usage": usage(plan.prompt_tokens, produced * plan.n)})
         await response.write(b"data: [DONE]" + style.separator)
         await response.write_eof()
         self.record(plan, start, first, end, produced)
@@ -618,6 +635,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
                    help="vllm: its JSON speculative config; the emulator reports spec_decode counters for it")
     p.add_argument("--prefill-ms-per-token", type=float, default=0.0,
                    help="prefill time per prompt token (word), added to --ttft-ms")
+    p.add_argument("--lora-modules", nargs="*", default=None, metavar="NAME=PATH",
+                   help="vllm: --enable-lora with these adapters registered (none given: runtime loading only)")
+    p.add_argument("--lora-load-ms", type=float, default=0.0, help="vllm: how long a runtime adapter load takes")
     p.add_argument("--close-after-stream", action="store_true",
                    help="close the connection after each stream without saying so (as llama-server was seen to)")
     a = p.parse_args(argv)
@@ -638,7 +658,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
                   a.parallel, a.metrics, a.embedding_dim, a.no_usage,
                   a.close_after_stream, a.models_503_while_loading, a.spawn_child,
                   a.worker_registration, a.worker_warmup, a.record_requests,
-                  int(speculative.get("num_speculative_tokens") or 0), a.prefill_ms_per_token / 1000.0)
+                  int(speculative.get("num_speculative_tokens") or 0), a.prefill_ms_per_token / 1000.0,
+                  tuple(a.lora_modules) if a.lora_modules is not None else None, a.lora_load_ms / 1000.0)
 
 
 def announce(message: str) -> None:

@@ -47,9 +47,19 @@ def parse_vllm(argv: list[str]) -> dict[str, str | None]:
     p.add_argument("--headless", action="store_true")
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--lora-modules", nargs="+", default=[])
+    for name in ("--max-loras", "--max-lora-rank", "--max-cpu-loras"):
+        p.add_argument(name, type=int)
     a = p.parse_args(argv)
     key = a.api_key or os.environ.get("VLLM_API_KEY")
-    return {"style": "vllm", "host": a.host, "port": str(a.port), "key": key, "model": a.served_model_name}
+    if a.lora_modules and not a.enable_lora:
+        p.error("--lora-modules needs --enable-lora")
+    if a.enable_lora and a.max_cpu_loras is not None and a.max_loras is not None and a.max_cpu_loras < a.max_loras:
+        p.error("max_cpu_loras must be >= max_loras")  # vLLM's LoRAConfig check
+    extra = shlex.join(["--lora-modules", *a.lora_modules]) if a.enable_lora else ""
+    return {"style": "vllm", "host": a.host, "port": str(a.port), "key": key, "model": a.served_model_name,
+            "extra": extra}
 
 
 def parse_sglang(argv: list[str]) -> dict[str, str | None]:

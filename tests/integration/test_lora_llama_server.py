@@ -164,3 +164,43 @@ def test_adapters_on_two_replicas_answer_alike_from_either(two_replicas: Running
         time.sleep(0.5)
         text = httpx.get(two_replicas.url + "/metrics", timeout=10).text
     assert "tone-a" in info and "tone-b" in info and 'waiting_lora_adapters=""' in info, info
+
+
+def _models_of_stream(events: object) -> list[str]:
+    """Each streamed chunk's `model` (the Responses events: the response object's)."""
+    out = []
+    for event in events:  # type: ignore[attr-defined]
+        model = getattr(event, "model", None)
+        response = getattr(event, "response", None)
+        message = getattr(event, "message", None)
+        for found in (model, getattr(response, "model", None), getattr(message, "model", None)):
+            if found is not None:
+                out.append(found)
+    return out
+
+
+@pytest.mark.parametrize("model", ["tone-b", "smollm"])
+def test_the_answer_names_the_model_asked_for_on_every_api(served: RunningGateway, model: str) -> None:
+    """llama-server answers under its base's name (its alias); an adapter's answer names the adapter, whole and
+    in every chunk, on chat, completions, Responses and Messages (through the official clients)."""
+    import anthropic
+
+    oa = client(served)
+    assert oa.chat.completions.create(model=model, messages=ASK, max_tokens=4, temperature=0).model == model  # type: ignore[arg-type]
+    chunks = list(oa.chat.completions.create(model=model, messages=ASK, max_tokens=4, temperature=0, stream=True,  # type: ignore[arg-type]
+                                             stream_options={"include_usage": True}))
+    assert len(chunks) > 2 and {c.model for c in chunks} == {model}
+    assert oa.completions.create(model=model, prompt="Colours:", max_tokens=4, temperature=0).model == model
+    chunks = list(oa.completions.create(model=model, prompt="Colours:", max_tokens=4, temperature=0, stream=True))
+    assert len(chunks) > 2 and {c.model for c in chunks} == {model}
+    assert oa.responses.create(model=model, input="Name a colour.", max_output_tokens=16, temperature=0).model == model
+    seen = _models_of_stream(oa.responses.create(model=model, input="Name a colour.", max_output_tokens=16,
+                                                 temperature=0, stream=True))
+    assert seen and set(seen) == {model}
+    claude = anthropic.Anthropic(base_url=served.url, api_key=ADMIN, max_retries=0, timeout=300)
+    ask = [{"role": "user", "content": "Name a colour."}]
+    assert claude.messages.create(model=model, max_tokens=4, messages=ask).model == model  # type: ignore[arg-type]
+    with claude.messages.stream(model=model, max_tokens=4, messages=ask) as stream:  # type: ignore[arg-type]
+        seen = _models_of_stream(stream)
+        assert stream.get_final_message().model == model
+    assert seen and set(seen) == {model}

@@ -115,3 +115,33 @@ def test_server_engines_select_the_adapter_their_own_way() -> None:
     base = RequestContext(request_id="r", model="base")
     assert make("vllm").select_lora({"model": "base"}, base) == {"model": "base"}
     assert make("llama_server").select_lora({"model": "base"}, base)["lora"] == [{"id": 0, "scale": 0.0}]
+
+
+def test_runtime_loading_registers_nothing_at_start_and_sizes_the_engines_places(tmp_path: Path) -> None:
+    from adapters.lora import lora_flags, runtime_capacity, sglang_args, vllm_args
+
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text('{"r": 8, "target_modules": ["q_proj", "v_proj"]}')
+    three = tuple(LoraAdapter(n, str(peft)) for n in ("a", "b", "c"))
+    runtime = {"lora_loading": "runtime", "max_loras": 2}
+    assert vllm_args(three, runtime) == ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
+                                         "--max-cpu-loras", "2"]
+    assert runtime_capacity(three, {**runtime, "max_loaded_loras": 3}) == 3
+    assert runtime_capacity(three, {**runtime, "max_loaded_loras": 1}) == 2  # never below the GPU slots
+    assert sglang_args(three, runtime) == [
+        "--enable-lora", "--max-loras-per-batch", "2", "--max-lora-rank", "8", "--max-loaded-loras", "2",
+        "--lora-target-modules", "q_proj", "v_proj", "--lora-eviction-policy", "lru"]
+    assert lora_flags(three, runtime) == {"slots": 2, "max_rank": 8, "loading": "runtime", "loaded_at_once": 2}
+    assert lora_flags(three, {}) == {"slots": 3, "max_rank": 8, "loading": "start", "loaded_at_once": 3}
+    assert lora_flags((), runtime) == {}
+    with pytest.raises(ValueError, match="lora_loading 'lazy'"):
+        vllm_args(three, {"lora_loading": "lazy"})
+
+
+def test_llama_server_refuses_runtime_loading_it_has_no_endpoint_for() -> None:
+    from adapters.base import EngineError
+
+    options = {"lora_adapters": [{"name": "tone-a", "path": "/w/a.gguf"}], "lora_loading": "runtime"}
+    with pytest.raises(EngineError, match="llama-server loads every LoRA adapter at start"):
+        launch_args(Path("/bin/llama-server"), Path("/m.gguf"), "base", options, Endpoint("127.0.0.1", 1, ""))
