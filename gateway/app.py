@@ -10,6 +10,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.base import EngineError
 
+from gateway import console
 from gateway.api import (
     admin_keys,
     admin_models,
@@ -23,7 +24,6 @@ from gateway.api import (
     models,
     observe,
     responses,
-    status,
     tokenize,
 )
 from gateway.api.errors import install_error_handlers
@@ -59,7 +59,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.tenancy = build_tenancy(settings, app.state.metrics.registry, app.state.database)
     install_error_handlers(app)
     install_openapi(app)
-    for module in (chat, completions, embeddings, tokenize, responses, messages, models, health, observe, status, engines, admin_models, admin_keys,
+    for module in (chat, completions, embeddings, tokenize, responses, messages, models, health, observe, console, engines, admin_models, admin_keys,
                    admin_requests):
         app.include_router(module.router)
     # Outermost first at request time: metrics see every request, the drain refuses new ones,

@@ -148,8 +148,8 @@ def route_label(path: str) -> str:
         return "/admin/models/{id}"
     if path.startswith("/v1/responses/"):
         return "/v1/responses/{id}"
-    if path.startswith("/static/"):
-        return "/static"
+    if path.startswith("/console/"):
+        return "/console"
     return "other"
 
 

@@ -1,0 +1,1 @@
+export function mount(root) { root.textContent = "playground"; }
