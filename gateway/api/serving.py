@@ -47,6 +47,7 @@ from gateway.tenancy.service import KeyRevoked, Refused
 from gateway.tenancy.store import StoreUnavailable
 from gateway.tenancy.ticket import Ticket
 from gateway.timing import TimedStream, request_timing
+from gateway.recent import RequestFacts, finish_of, request_facts
 
 log = logging.getLogger("enginegate.api")
 
@@ -243,6 +244,9 @@ async def admit(request: Request, backend: Backend, route: RouteKey | None = Non
     observe_wait(m, backend, demand, waited)
     m.routing_decisions.labels(backend.model_id, lease.replica.name, lease.reason or "least_outstanding").inc()
     request_timing(request.scope).queued += waited
+    facts = request_facts(request.scope)
+    if facts is not None:
+        facts.engine, facts.replica, facts.admitted = lease.adapter.engine, lease.replica.name, time.perf_counter()
     return lease
 
 
@@ -308,12 +312,16 @@ async def generate(
                 m.errors.labels(backend.model_id, "cancelled").inc()
                 return error_response(503, SHUTDOWN_MESSAGE, code=SHUTTING_DOWN,
                                       headers={"Retry-After": str(drain.retry_after)})
+        facts = request_facts(request.scope)
         if not isinstance(result, Completion):
             streaming = True  # the watch goes on with the stream, which stops it
             sse = _sse(TimedStream(result, request_timing(request.scope)), backend, lease, m, arrived, dialect.writer(),
-                       drain, ticket)
+                       drain, ticket, facts)
             return EventStream(sse, watch)
     except ClientGone:
+        gone = request_facts(request.scope)
+        if gone is not None:
+            gone.abandoned = True
         m.disconnects.labels(backend.model_id, backend.engine).inc()
         m.errors.labels(backend.model_id, "cancelled").inc()
         log.info("client disconnected before the response to %s; its work was cancelled", backend.model_id)
@@ -323,7 +331,12 @@ async def generate(
             watch.stop()
     lease.report(result.usage)
     lease.release()
+    if facts is not None:
+        facts.finish_reason = finish_of(result.body)
     if result.usage is not None:
+        if facts is not None:
+            u = result.usage
+            facts.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.prefill_seconds)
         _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
         ticket.record(result.usage.prompt_tokens, result.usage.completion_tokens)
     if result.status < 400:
@@ -403,8 +416,10 @@ async def _sse(
     writer: StreamWriter = CHAT_WRITER,
     drain: Drain | None = None,
     ticket: Ticket | None = None,
+    facts: RequestFacts | None = None,
 ) -> AsyncIterator[bytes]:
     first_at: float | None = None
+    finish: str | None = None
     last_at = arrived
     usage = None
     ended = False
@@ -428,6 +443,8 @@ async def _sse(
                     last_at = now
                 if event.usage is not None:
                     usage = event.usage
+                if event.finish_reason is not None:
+                    finish = event.finish_reason
                 if event.is_error:
                     m.errors.labels(backend.model_id, "engine_stream").inc()
                     failure = stream_failure(event.data)
@@ -474,6 +491,12 @@ async def _sse(
         if not ended:
             m.disconnects.labels(backend.model_id, backend.engine).inc()
             log.info("client disconnected from a %s stream; generation cancelled", backend.model_id)
+        if facts is not None:
+            facts.stream, facts.first_token, facts.abandoned = True, first_at, not ended
+            facts.last_token = last_at if first_at is not None else None
+            facts.finish_reason = "error" if failure is not None and finish in (None, "failed") else finish
+            if usage is not None:
+                facts.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, usage.prefill_seconds)
         if ticket is not None:
             ticket.streamed_events = content_events
             ticket.failed = failure is not None
