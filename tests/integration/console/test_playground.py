@@ -110,6 +110,8 @@ def test_streamed_chat_grows_then_shows_its_facts(console: Watched, gw: RunningG
     assert float(fact(answer, "tps")) > 0
     assert fact(answer, "engine") == "llamacpp"  # the x-enginegate-engine header, not the model card's guess
     assert fact(answer, "queue").endswith(" ms") and fact(answer, "request-id")
+    answer.locator("[data-fact=decode]").wait_for()  # from the gateway's record of this request
+    assert fact(answer, "prefill").endswith(" ms") and fact(answer, "decode").endswith(" ms")
     assert fact(answer, "finish") in ("stop", "length")
     assert fact(answer, "cached")  # usage was asked for (stream_options.include_usage) and shown
     sent = [r for r in console.requests if r.endswith("/v1/chat/completions")]
