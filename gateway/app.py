@@ -11,9 +11,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.base import EngineError
 
+from gateway import console
 from gateway.api import (
     admin_keys,
     admin_models,
+    admin_requests,
     chat,
     completions,
     embeddings,
@@ -23,7 +25,6 @@ from gateway.api import (
     models,
     observe,
     responses,
-    status,
     tokenize,
 )
 from gateway.api.errors import install_error_handlers
@@ -35,6 +36,7 @@ from gateway.drain import Drain, DrainMiddleware
 from gateway.exposure import exposure_warnings
 from gateway.metrics import GatewayMetrics, MetricsMiddleware
 from gateway.middleware import BodyLimitMiddleware
+from gateway.recent import RecentRequests
 from gateway.runtime import Runtime
 from gateway.tenancy.middleware import AuthMiddleware
 from gateway.tenancy.setup import build_tenancy, open_database
@@ -55,11 +57,14 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.database = open_database(settings)  # the one pool every store of this gateway shares
     app.state.response_store = responses.build_store(settings, app.state.database)
     app.state.drain = Drain(settings.shutdown_grace_seconds, settings.retry_after_seconds)
+    app.state.recent = RecentRequests(settings.recent_requests)
+    app.state.drain.on_start.append(app.state.recent.close)
     app.state.startup_error = None
     app.state.tenancy = build_tenancy(settings, app.state.metrics.registry, app.state.database)
     install_error_handlers(app)
     install_openapi(app)
-    for module in (chat, completions, embeddings, tokenize, responses, messages, models, health, observe, status, engines, admin_models, admin_keys):
+    for module in (chat, completions, embeddings, tokenize, responses, messages, models, health, observe, console, engines, admin_models, admin_keys,
+                   admin_requests):
         app.include_router(module.router)
     # Outermost first at request time: metrics see every request, the drain refuses new ones,
     # auth before the body is read; the generation routes innermost, past the router.
@@ -73,7 +78,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.add_middleware(AuthMiddleware, tenancy=app.state.tenancy, retry_after_seconds=settings.retry_after_seconds)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
     app.add_middleware(messages.AnthropicDialectMiddleware)  # outside auth and drain: their errors leave in Anthropic's shape too
-    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics, recent=app.state.recent)
     app.state.tracing = tracing.configure(settings.tracing)
     if tracing.switch.ON:  # outermost: the server span holds everything, metrics included
         from gateway.tracing.asgi import TracingMiddleware
@@ -118,6 +123,7 @@ def _lifespan(app: FastAPI, settings: Settings, runtime: Runtime | None) -> ASGI
                          warnings=tuple(warnings)), file=sys.stderr, flush=True)
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
+        app.state.recent.close()  # live request streams end (the drain ended them already under `serve`)
         try:
             await rt.stop()
         finally:

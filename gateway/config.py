@@ -368,7 +368,21 @@ class Settings(BaseSettings):
     swap_batch_requests: int = Field(default=16, ge=1)
     """The anti-thrash fairness bound: a model swapped in serves up to this many of the requests that
     waited for it before another swap may evict it (1: no batching, a swap may follow every request)."""
+    recent_requests: int = Field(default=1000, ge=0, le=1_000_000)
+    """How many finished API requests the console's Live requests page (GET /admin/requests) can show: a ring
+    in this gateway's memory (about 0.5 KB each; 0: none kept). Never a key or any prompt text."""
+    trace_ui_url: str | None = None
+    """A trace viewer's address for one trace, with `{trace_id}` where its id goes (Jaeger:
+    `http://jaeger:16686/trace/{trace_id}`): the console links each traced request there."""
     config_file: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("trace_ui_url")
+    @classmethod
+    def _trace_url(cls, url: str | None) -> str | None:
+        if url is not None and (not url.startswith(("http://", "https://")) or "{trace_id}" not in url):
+            raise ValueError("trace_ui_url must be an http(s) URL holding {trace_id}, such as "
+                             "http://localhost:16686/trace/{trace_id}")
+        return url
     """The YAML file these settings were read from (`--config` or `ENGINEGATE_CONFIG`)."""
 
     @classmethod

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -38,6 +38,8 @@ class Drain:
         self.in_flight = 0
         self._guarded: set[asyncio.Task[object]] = set()
         self._ended: set[asyncio.Task[object]] = set()
+        self.on_start: list[Callable[[], None]] = []
+        """Called when the drain starts: what never ends by itself (the live request stream) ends then."""
 
     def register(self) -> asyncio.Task[object]:
         """Register the current task as one the drain may end at expiry; `unregister` it after."""
@@ -69,6 +71,8 @@ class Drain:
     async def run(self) -> None:
         """Stop admitting, wait up to `grace` for in-flight requests, then end the rest."""
         self.draining = True
+        for ending in self.on_start:
+            ending()
         loop = asyncio.get_running_loop()
         log.info("draining: %d request(s) in flight, grace %.0fs", self.in_flight, self.grace)
         deadline = loop.time() + self.grace

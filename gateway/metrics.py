@@ -36,6 +36,8 @@ from gateway.scheduling import REFUSAL_REASONS, TIERS
 if TYPE_CHECKING:
     from gateway.planning import Plan
 from gateway.timing import TIMING_STATE_KEY, RequestTiming
+from gateway.recent import recorder
+from gateway.recent import RECORDED_ROUTES, RecentRequests
 
 VERSION = "0.1.0"
 
@@ -165,8 +167,8 @@ def route_label(path: str) -> str:
         return "/admin/models/{id}"
     if path.startswith("/v1/responses/"):
         return "/v1/responses/{id}"
-    if path.startswith("/static/"):
-        return "/static"
+    if path.startswith("/console/"):
+        return "/console"
     return "other"
 
 
@@ -519,9 +521,10 @@ class MetricsMiddleware:
     headers left (for a stream that is before the first token; the histogram covers the whole stream).
     """
 
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics, recent: RecentRequests | None = None) -> None:
         self.app = app
         self.metrics = metrics
+        self.recent = recent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -533,6 +536,8 @@ class MetricsMiddleware:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         timing = state[TIMING_STATE_KEY] = RequestTiming()
+        # the console's recent requests (gateway/recent) and the response facts headers, on the API routes
+        facts = recorder.start(state, request_id, route, time.time(), started) if route in RECORDED_ROUTES else None
         status = 500
         in_flight = self.metrics.in_flight.labels(route)
         in_flight.inc()
@@ -546,7 +551,10 @@ class MetricsMiddleware:
                     *message.get("headers", []),
                     (b"x-request-id", request_id.encode()),
                     (OVERHEAD_HEADER, f"{overhead_ms:.3f}".encode()),
+                    *(facts.headers(timing.queued) if facts is not None else ()),
                 ]
+                if facts is not None:
+                    facts.trace_id = recorder.trace_id()  # here the handler's span is still the current one
             await send(message)
 
         try:
@@ -560,6 +568,8 @@ class MetricsMiddleware:
             # TracedHistogram takes its trace
             self.metrics.request_duration.labels(route, model).observe(total)
             self.metrics.overhead.labels(route).observe(timing.overhead(total))
+            if facts is not None and self.recent is not None:
+                recorder.finish(self.recent, scope, facts, status, total, timing.queued)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

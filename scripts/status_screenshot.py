@@ -1,4 +1,4 @@
-"""Screenshot the status page of a running gateway with Debian's chromium (no `playwright install`).
+"""Screenshot the console's status tab of a running gateway with Debian's chromium (no `playwright install`).
 
     python scripts/status_screenshot.py [--url http://127.0.0.1:8000] [--out status.png]
 """
@@ -24,7 +24,7 @@ def main() -> int:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=args.chromium, args=ARGS, headless=True)
         page = browser.new_page(viewport={"width": 1200, "height": 800})
-        page.goto(args.url.rstrip("/") + "/")
+        page.goto(args.url.rstrip("/") + "/#/status")
         page.wait_for_selector("#models tr")
         page.wait_for_timeout(args.wait_ms)
         page.screenshot(path=args.out, full_page=True)

@@ -47,6 +47,7 @@ from gateway.tenancy.service import KeyRevoked, Refused
 from gateway.tenancy.store import StoreUnavailable
 from gateway.tenancy.ticket import Ticket
 from gateway.timing import TimedStream, request_timing
+from gateway.recent import RequestFacts, finish_of, request_facts
 from gateway.tracing import spans
 from gateway.tracing import switch as tracing
 from gateway.tracing.attributes import chunk_model
@@ -253,6 +254,9 @@ async def admit(request: Request, backend: Backend, route: RouteKey | None = Non
     observe_wait(m, backend, demand, waited)
     m.routing_decisions.labels(backend.model_id, lease.replica.name, lease.reason or "least_outstanding").inc()
     request_timing(request.scope).queued += waited
+    facts = request_facts(request.scope)
+    if facts is not None:
+        facts.engine, facts.replica, facts.admitted = lease.adapter.engine, lease.replica.name, time.perf_counter()
     return lease
 
 
@@ -329,12 +333,16 @@ async def generate(
                 m.errors.labels(backend.model_id, "cancelled").inc()
                 return error_response(503, SHUTDOWN_MESSAGE, code=SHUTTING_DOWN,
                                       headers={"Retry-After": str(drain.retry_after)})
+        facts = request_facts(request.scope)
         if not isinstance(result, Completion):
             streaming = True  # the watch goes on with the stream, which stops it
             sse = _sse(TimedStream(result, request_timing(request.scope)), backend, lease, m, arrived, dialect.writer(),
-                       drain, ticket, attempt)
+                       drain, ticket, attempt, facts)
             return EventStream(sse, watch)
     except ClientGone:
+        gone = request_facts(request.scope)
+        if gone is not None:
+            gone.abandoned = True
         m.disconnects.labels(backend.model_id, backend.engine).inc()
         m.errors.labels(backend.model_id, "cancelled").inc()
         log.info("client disconnected before the response to %s; its work was cancelled", backend.model_id)
@@ -346,7 +354,12 @@ async def generate(
     lease.release()
     if attempt is not None:
         attempt.completed(result)
+    if facts is not None:
+        facts.finish_reason = finish_of(result.body)
     if result.usage is not None:
+        if facts is not None:
+            u = result.usage
+            facts.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.prefill_seconds)
         _count_tokens(m, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
         ticket.record(result.usage.prompt_tokens, result.usage.completion_tokens)
     if result.status < 400:
@@ -436,6 +449,7 @@ async def _sse(
     drain: Drain | None = None,
     ticket: Ticket | None = None,
     attempt: spans.Attempt | None = None,
+    facts: RequestFacts | None = None,
 ) -> AsyncIterator[bytes]:
     first_at: float | None = None
     last_at = arrived
@@ -516,6 +530,12 @@ async def _sse(
         if not ended:
             m.disconnects.labels(backend.model_id, backend.engine).inc()
             log.info("client disconnected from a %s stream; generation cancelled", backend.model_id)
+        if facts is not None:
+            facts.stream, facts.first_token, facts.abandoned = True, first_at, not ended
+            facts.last_token = last_at if first_at is not None else None
+            facts.finish_reason = "error" if failure is not None and finish_reason in (None, "failed") else finish_reason
+            if usage is not None:
+                facts.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, usage.prefill_seconds)
         if ticket is not None:
             ticket.streamed_events = content_events
             ticket.failed = failure is not None

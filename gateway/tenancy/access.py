@@ -13,7 +13,8 @@ from typing import Literal
 Access = Literal["public", "user", "admin", "metrics"]
 
 ROUTE_ACCESS: tuple[tuple[str, Access], ...] = (
-    ("/admin/", "admin"),            # keys, usage, engines and their logs, model load/unload
+    ("/admin/requests", "user"),     # recent requests: each key sees its own tenant's, an admin key all (gateway/recent)
+    ("/admin/", "admin"),            # keys, usage, limits, engines and their logs, model load/unload
     ("/v1/gateway/plan", "admin"),   # the host's hardware, the plans, launch options
     ("/v1/", "user"),                # the OpenAI and Anthropic APIs, /v1/models, /v1/gateway/stats
     ("/tokenize", "user"),           # vLLM's tokenizer routes (lm-eval's remote tokenizer calls them at the root)

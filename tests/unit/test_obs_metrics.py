@@ -182,19 +182,17 @@ async def test_stats_summary_changes_after_traffic() -> None:
     assert after["overhead_seconds"]["count"] == 1
 
 
-async def test_status_page_and_static_files() -> None:
+async def test_console_is_public_and_its_api_is_not() -> None:
     client, _, _ = await make_client(api_keys=("k",))
     async with client:
         page = await client.get("/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-        assert "/static/status.js" in page.text and "://" not in page.text  # no CDN, nothing external
-        assert (await client.get("/static/status.js")).headers["content-type"].startswith("text/javascript")
-        assert (await client.get("/static/../config.py")).status_code == 404
+        assert (await client.get("/console/app.js")).status_code == 200  # the page loads without a key
         assert (await client.get("/v1/gateway/stats")).status_code == 401  # /v1 routes keep their key
 
 
 def test_route_labels_are_bounded() -> None:
-    assert route_label("/static/status.js") == "/static"
+    assert route_label("/console/pages/status.js") == "/console"
     assert route_label("/v1/models/abc") == "/v1/models/{id}"
     assert route_label("/anything/else") == "other"
 

@@ -1,25 +1,30 @@
-// The status page: polls /ready, /v1/gateway/stats (and /v1/gateway/plan once) and derives
-// rates from two consecutive readings of the gateway's running totals. No build step, no CDN.
-"use strict";
+// The status tab: polls /ready, /v1/gateway/stats (and /v1/gateway/plan once, which needs an admin
+// key when keys are configured) and derives rates from two consecutive readings of the gateway's totals.
+import { h, fmt } from "../dom.js";
+
 const INTERVAL_MS = 2000;
-let previous = null;
 let plans = null;
+let root = null;
+const $ = (id) => root.querySelector("#" + id);
 
-const $ = (id) => document.getElementById(id);
-const fmt = (x, digits = 1) => (x === null || !isFinite(x) ? "-" : x.toFixed(digits));
-
-function headers() {
-  const key = sessionStorage.getItem("enginegate-key");
-  return key ? { Authorization: "Bearer " + key } : {};
-}
-
-async function getJSON(path) {
-  const response = await fetch(path, { headers: headers(), cache: "no-store" });
-  if (response.status === 401) {
-    $("keyform").hidden = false;
-    throw new Error(path + ": key required");
-  }
-  return { status: response.status, body: await response.json() };
+function layout() {
+  const figure = (id, label) => h("div", { class: "figure" }, h("div", { class: "value", id }, "-"), h("div", { class: "label" }, label));
+  const th = (...names) => h("tr", {}, names.map((n) => h("th", {}, n)));
+  return [
+    h("div", { class: "status-head" }, h("h2", {}, "Status"), h("span", { id: "overall", class: "badge" }, "loading"),
+      h("span", { class: "muted" }, "refreshes every ", h("span", { id: "interval" }, String(INTERVAL_MS / 1000)), " s")),
+    h("section", {}, h("h2", {}, "Live"), h("div", { class: "figures" },
+      figure("rps", "requests/s"), figure("tps", "tokens/s generated"), figure("ttft", "TTFT (mean, ms)"),
+      figure("tpot", "time per token (mean, ms)"), figure("overhead", "gateway overhead (mean, ms)"),
+      figure("total-requests", "requests served"), figure("total-tokens", "tokens generated"))),
+    h("section", {}, h("h2", {}, "Models"), h("table", {},
+      h("thead", {}, th("model", "engine", "ready", "running / slots", "waiting / queue", "speculation", "why this engine")),
+      h("tbody", { id: "models" }))),
+    h("section", {}, h("h2", {}, "Hardware"), h("table", {}, h("tbody", { id: "hardware" })),
+      h("details", {}, h("summary", { class: "muted" }, "as detected (JSON)"), h("pre", { id: "hardware-json" }, "-"))),
+    h("p", { class: "muted" }, h("a", { href: "/v1/gateway/stats" }, "/v1/gateway/stats"), " · ",
+      h("a", { href: "/v1/gateway/plan" }, "/v1/gateway/plan"), " · ", h("span", { id: "error" })),
+  ];
 }
 
 function totals(stats) {
@@ -135,45 +140,56 @@ function renderModels(stats, ready) {
   $("models").replaceChildren(...rows);
 }
 
-async function tick() {
-  try {
-    if (plans === null) {
-      const plan = await getJSON("/v1/gateway/plan");
-      plans = plan.body.plans || {};
-      renderHardware(plan.body.hardware);
-    }
-    const [ready, stats] = await Promise.all([getJSON("/ready"), getJSON("/v1/gateway/stats")]);
-    $("overall").textContent = ready.body.status === "ready" ? "ready" : "not ready";
-    $("overall").className = "badge " + ready.body.status;
-    renderModels(stats.body, ready.body);
-    const now = totals(stats.body);
-    if (previous) {
-      const dt = now.time - previous.time;
-      $("rps").textContent = fmt((now.requests - previous.requests) / dt, 2);
-      $("tps").textContent = fmt((now.completion - previous.completion) / dt, 1);
-    }
-    const ttft = mean(now, previous, "ttftSum", "ttftCount");
-    const tpot = mean(now, previous, "tpotSum", "tpotCount");
-    const overhead = mean(now, previous, "overheadSum", "overheadCount");
-    $("ttft").textContent = ttft === null ? "-" : fmt(ttft * 1000, 1);
-    $("tpot").textContent = tpot === null ? "-" : fmt(tpot * 1000, 1);
-    $("overhead").textContent = overhead === null ? "-" : fmt(overhead * 1000, 3);
-    $("total-requests").textContent = String(now.requests);
-    $("total-tokens").textContent = String(now.completion);
-    $("error").textContent = "";
-    previous = now;
-  } catch (err) {
-    $("error").textContent = String(err.message || err);
-  }
-}
 
-$("interval").textContent = String(INTERVAL_MS / 1000);
-$("keyform").addEventListener("submit", (event) => {
-  event.preventDefault();
-  sessionStorage.setItem("enginegate-key", $("key").value);
-  $("keyform").hidden = true;
+export function mount(el, ctx) {
+  root = el;
   plans = null;
+  let previous = null;
+  let stopped = false;
+  el.append(...layout());
+
+  async function tick() {
+    try {
+      if (plans === null) {
+        try {
+          const plan = await ctx.json("/v1/gateway/plan");
+          plans = plan.plans || {};
+          renderHardware(plan.hardware);
+        } catch (err) {
+          if (!(err instanceof ctx.ApiError) || (err.status !== 401 && err.status !== 403)) throw err;
+          plans = {};  // the plan and the hardware are an admin's; the live figures are every key's
+          $("hardware").replaceChildren(h("tr", {}, h("td", {}, "The hardware and the plans need an admin key.")));
+        }
+      }
+      // /ready answers 503 with its body while an engine is not ready: read it either way
+      const [ready, stats] = await Promise.all([ctx.api("/ready").then((r) => r.json()), ctx.json("/v1/gateway/stats")]);
+      if (stopped) return;
+      $("overall").textContent = ready.status === "ready" ? "ready" : "not ready";
+      $("overall").className = "badge " + ready.status;
+      renderModels(stats, ready);
+      const now = totals(stats);
+      if (previous) {
+        const dt = now.time - previous.time;
+        $("rps").textContent = fmt((now.requests - previous.requests) / dt, 2);
+        $("tps").textContent = fmt((now.completion - previous.completion) / dt, 1);
+      }
+      const ttft = mean(now, previous, "ttftSum", "ttftCount");
+      const tpot = mean(now, previous, "tpotSum", "tpotCount");
+      const overhead = mean(now, previous, "overheadSum", "overheadCount");
+      $("ttft").textContent = ttft === null ? "-" : fmt(ttft * 1000, 1);
+      $("tpot").textContent = tpot === null ? "-" : fmt(tpot * 1000, 1);
+      $("overhead").textContent = overhead === null ? "-" : fmt(overhead * 1000, 3);
+      $("total-requests").textContent = String(now.requests);
+      $("total-tokens").textContent = String(now.completion);
+      $("error").textContent = "";
+      previous = now;
+    } catch (err) {
+      if (!stopped) $("error").textContent = String(err.message || err);
+    }
+  }
+
+  ctx.onKeyChange(() => { plans = null; tick(); });
   tick();
-});
-tick();
-setInterval(tick, INTERVAL_MS);
+  const timer = setInterval(tick, INTERVAL_MS);
+  return () => { stopped = true; clearInterval(timer); };
+}
