@@ -1,11 +1,12 @@
 """The relay's HTTP/1.1 client: httptools' parser on asyncio protocols, with a keep-alive pool.
 
 Written here rather than taken from a library because the relay needs little of a general client
-and pays for all of it on every request: aiohttp's ClientSession spent ~290 us of the gateway's
-~1 ms of CPU per relayed request (cookie jar, tracing signals, multidict headers, payload objects,
-a StreamReader per response; py-spy, benchmarks/relay_overhead.py), and the other candidates
-measured in benchmarks/relay_clients.py either cost as much (httpx, aiosonic) or run their I/O on
-threads of their own (pyreqwest), which on a gateway pinned to one core only adds hand-offs.
+and pays for all of it on every request: aiohttp's ClientSession was ~29 % of the gateway's CPU
+per relayed request (py-spy under benchmarks/relay_overhead.py: cookie jar, tracing signals,
+multidict headers, payload objects, a StreamReader per response). Of the other asyncio clients,
+httpx costs more than aiohttp (docs/benchmarks.md) and aiosonic did no better than aiohttp in
+benchmarks/relay_clients.py; the Rust clients (pyreqwest, rnet) were not tried: their I/O runs on
+threads of their own, which on a gateway pinned to one core adds a hand-off per read.
 This one does what the relay asks and no more: one write per request, the response's status once
 its headers are parsed, its body as the bytes that arrived (Content-Length, chunked or until the
 connection closes, llhttp deframes), idle connections reused LIFO below the engines' own

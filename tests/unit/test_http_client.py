@@ -9,7 +9,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from adapters.http_client import HIGH_WATER, HttptoolsClient, UpstreamConnectionError, UpstreamDisconnected
+from adapters.http_client import (
+    HIGH_WATER,
+    HttptoolsClient,
+    UpstreamConnectionError,
+    UpstreamDisconnected,
+)
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
