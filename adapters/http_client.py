@@ -314,10 +314,12 @@ def _serialise(method: str, target: str, key: tuple[str, str, int], headers: Map
     scheme, host, port = key
     default = 443 if scheme == "https" else 80
     authority = (f"[{host}]" if ":" in host else host) + ("" if port == default else f":{port}")
-    lines = [f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n"]
+    lines = [f"{method} {target} HTTP/1.1\r\n", f"Host: {authority}\r\n"]
     for name, value in headers.items():
         if "\n" in name or "\r" in name or "\n" in value or "\r" in value or ":" in name:
             raise ValueError(f"header {name!r} holds a line break or colon")
+        if len(name) == 4 and name.lower() == "host":
+            lines[1] = ""  # a configured Host replaces the URL's, as aiohttp did
         lines.append(f"{name}: {value}\r\n")
     if body is not None:
         lines.append(f"Content-Length: {len(body)}\r\n")

@@ -60,6 +60,27 @@ async def test_bodies_by_length_chunks_and_close(response: bytes, body: bytes) -
     assert b"\r\nHost: 127.0.0.1:" in head and b"\r\nContent-Length: 8\r\n" in head and sent == b'{"m": 1}'
 
 
+async def test_a_configured_host_header_replaces_the_urls() -> None:
+    heads: list[bytes] = []
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append((await read_request(reader))[0])
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server, url = await serve(engine)
+    client = HttptoolsClient()
+    try:
+        resp = await client.request("GET", url + "/", {"Host": "engine.internal"}, None)
+        await resp.read()
+        resp.release()
+    finally:
+        await client.aclose()
+        server.close()
+    assert heads[0].lower().count(b"\r\nhost:") == 1 and b"\r\nHost: engine.internal\r\n" in heads[0]
+
+
 async def test_a_released_connection_is_reused_and_an_aborted_one_is_not() -> None:
     connections = 0
 
