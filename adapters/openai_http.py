@@ -12,7 +12,9 @@ after the payload and comment/ping lines are handled; a stream that dies, stalls
 garbage ends with one `{"error": ...}` event, never a hang. Closing the event iterator (client
 gone) aborts the upstream connection at once, which is how engines notice a cancelled request.
 
-The HTTP client sits behind `HttpClient`; aiohttp won the measurement (benchmarks/relay_clients.py).
+The HTTP client sits behind `HttpClient`: adapters/http_client.py's (httptools on asyncio protocols)
+by default, which won the measurement against aiohttp (kept here), httpx and others
+(benchmarks/relay_clients.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import orjson
 
 from adapters.base import Completion, EngineError, RequestContext, StreamEvent
 from adapters.chat_shape import ToolCallDeltas
+from adapters.http_client import HttptoolsClient, UpstreamConnectionError, UpstreamDisconnected
 from adapters.observe import extract_usage, mend_chat_body, observe, split_usage
 from adapters.sse import SSEParser
 from adapters.upstream_errors import error_event, error_exception, normalise_error
@@ -34,6 +37,7 @@ from adapters.upstream_errors import error_event, error_exception, normalise_err
 __all__ = [
     "AiohttpClient",
     "HttpClient",
+    "HttptoolsClient",
     "Relay",
     "SSEParser",
     "Timeouts",
@@ -86,14 +90,6 @@ class Upstream:
     headers: Mapping[str, str] = field(default_factory=dict)
     ask_usage: bool = True
     """The engine honours stream_options.include_usage, so the relay may ask for it."""
-
-
-class UpstreamConnectionError(Exception):
-    """The engine could not be reached, or the connection broke."""
-
-
-class UpstreamDisconnected(UpstreamConnectionError):
-    """The connection broke after the request may have reached the engine."""
 
 
 class UpstreamResponse(Protocol):
@@ -228,7 +224,7 @@ class Relay:
     def __init__(self, engine: str = "engine", timeouts: Timeouts = Timeouts(), client: HttpClient | None = None) -> None:
         self.engine = engine
         self.timeouts = timeouts
-        self.client: HttpClient = client or AiohttpClient(connect_timeout=timeouts.connect)
+        self.client: HttpClient = client or HttptoolsClient(connect_timeout=timeouts.connect)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -21,7 +21,7 @@ BODY = {"model": "emulated-model", "messages": [{"role": "user", "content": "hel
 
 
 def spawn(module_args: Sequence[str]) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     return subprocess.Popen([sys.executable, "-m", *module_args], cwd=REPO_ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 

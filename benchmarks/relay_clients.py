@@ -1,6 +1,10 @@
-"""Which HTTP client should the relay hold? The same relay (adapters.openai_http.Relay) over three.
+"""Which HTTP client should the relay hold? The same relay (adapters.openai_http.Relay) over each.
 
     python -m benchmarks.relay_clients [--requests 3000] [--rounds 2]
+
+Clients: the relay's own (httptools on asyncio protocols, adapters/http_client.py), aiohttp,
+httpx, httpx over aiohttp, and aiosonic when it is importable (not a dependency of the project:
+`pip install --target DIR aiosonic` and PYTHONPATH=DIR to include it).
 
 Each client runs inside a minimal plain-ASGI relay app under uvicorn (uvloop + httptools, one
 worker), in front of a fast engine emulator on loopback. Reports non-streaming latency at
@@ -19,11 +23,11 @@ import httpx
 import orjson
 
 from adapters.base import Completion, RequestContext
-from adapters.openai_http import AiohttpClient, HttpClient, Relay, Upstream, UpstreamConnectionError, UpstreamResponse
+from adapters.openai_http import AiohttpClient, HttpClient, HttptoolsClient, Relay, Upstream, UpstreamConnectionError, UpstreamResponse
 from benchmarks.harness import BODY, load, spawn, stop, wait_http
 from tests.emulators.fixture import free_port
 
-CLIENTS = ("aiohttp", "httpx", "httpx-aiohttp")
+CLIENTS = ("httptools", "aiohttp", "httpx", "httpx-aiohttp", "aiosonic")
 
 
 class _HttpxResponse:
@@ -73,7 +77,59 @@ class HttpxClient:
         await self._client.aclose()
 
 
+class _AiosonicResponse:
+    def __init__(self, resp: Any) -> None:
+        self._resp = resp
+        self.status = resp.status_code
+        self._chunks = resp.read_chunks()
+
+    async def read(self) -> bytes:
+        return await self._resp.content()  # type: ignore[no-any-return]
+
+    async def read_chunk(self) -> bytes:
+        try:
+            return await self._chunks.__anext__()  # type: ignore[no-any-return]
+        except StopAsyncIteration:
+            return b""
+
+    def release(self) -> None:
+        pass
+
+    abort = release
+
+
+class AiosonicClient:
+    def __init__(self) -> None:
+        import aiosonic
+
+        self._client = aiosonic.HTTPClient()
+
+    async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> UpstreamResponse:
+        try:
+            resp = await self._client.request(url, method, headers=dict(headers), data=body, stream=True)
+        except OSError as exc:
+            raise UpstreamConnectionError(str(exc)) from exc
+        return _AiosonicResponse(resp)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def available(name: str) -> bool:
+    if name != "aiosonic":
+        return True
+    try:
+        import aiosonic  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def make_client(name: str) -> HttpClient:
+    if name == "httptools":
+        return HttptoolsClient()
+    if name == "aiosonic":
+        return AiosonicClient()
     if name == "aiohttp":
         return AiohttpClient()
     if name == "httpx":
@@ -154,12 +210,12 @@ def main(argv: list[str] | None = None) -> int:
 
     emu_port = free_port()
     emulator = spawn(["tests.emulators.engine_emulator", "--style", "vllm", "--port", str(emu_port), "--tokens", "16"])
-    results: dict[str, list[dict[str, float]]] = {c: [] for c in CLIENTS}
+    results: dict[str, list[dict[str, float]]] = {c: [] for c in CLIENTS if available(c)}
     try:
         wait_http(f"http://127.0.0.1:{emu_port}/health", emulator)
         direct = asyncio.run(measure(f"http://127.0.0.1:{emu_port}/v1/chat/completions", args.requests))
         for _ in range(args.rounds):
-            for client in CLIENTS:
+            for client in results:
                 port = free_port()
                 relay = spawn(["benchmarks.relay_clients", "--serve", client, "--port", str(port),
                                "--upstream", f"http://127.0.0.1:{emu_port}"])

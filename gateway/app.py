@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 
@@ -121,6 +122,11 @@ def _lifespan(app: FastAPI, settings: Settings, runtime: Runtime | None) -> ASGI
             log.warning("%s", warning)
         print(rt.summary(settings.host, settings.port, store=app.state.response_store.describe(),
                          warnings=tuple(warnings)), file=sys.stderr, flush=True)
+        # What start-up made (modules, the app, engines' state) lives as long as the process: frozen,
+        # the collector stops walking it on every full collection (py-spy: ~10% of a relayed
+        # request's samples were in the collector).
+        gc.collect()
+        gc.freeze()
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
         app.state.recent.close()  # live request streams end (the drain ended them already under `serve`)
