@@ -25,6 +25,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 GUARD_MS = 120_000  # hang guard for page waits, not a performance assertion
 DOCS_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
 SCREENSHOTS = os.environ.get("ENGINEGATE_DOCS_SCREENSHOTS") == "1"
+LOAD_FAILED = "Failed to load resource: the server responded with a status of"
 VIEWPORT = {"width": 1280, "height": 860}
 
 needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(),
@@ -33,20 +34,28 @@ needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(),
 
 @dataclass
 class Watched:
-    """A page and what went wrong on it: JS exceptions, console errors, failed or foreign requests."""
+    """A page and what went wrong on it: JS exceptions, console errors, failed or foreign requests, and
+    answers >= 400 other than the expected ones (path, status): by default the console's own access check
+    (GET /v1/models without a key: 401 when keys are on; GET /admin/keys with a user key: 403)."""
 
     page: Any
     origin: str
     errors: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
+    refused: list[tuple[str, int]] = field(default_factory=list)
     expected_console: list[str] = field(default_factory=list)  # substrings of console errors a test provokes
+    expected_status: set[tuple[str, int]] = field(default_factory=lambda: {("/v1/models", 401), ("/admin/keys", 403)})
 
     def foreign(self) -> list[str]:
         return [u for u in self.requests if not (u.startswith("data:") or _origin(u) == self.origin)]
 
+    def unexpected(self) -> list[tuple[str, int]]:
+        return [r for r in self.refused if r not in self.expected_status]
+
     def check(self) -> None:
         assert not self.errors, self.errors
         assert not self.foreign(), f"requests to another origin: {self.foreign()}"
+        assert not self.unexpected(), f"unexpected error answers: {self.unexpected()}"
 
 
 def _origin(url: str) -> str:
@@ -72,13 +81,21 @@ def watched_page(b: Any, origin: str) -> Watched:
     w = Watched(page, origin)
 
     def console(msg: Any) -> None:
-        if msg.type == "error" and not any(s in msg.text for s in w.expected_console):
-            w.errors.append(f"console error: {msg.text}")
+        # Chrome logs every answer >= 400 as "Failed to load resource"; those are checked by path and
+        # status below (w.refused), every other console error is a failure.
+        if msg.type != "error" or msg.text.startswith(LOAD_FAILED) or any(s in msg.text for s in w.expected_console):
+            return
+        w.errors.append(f"console error: {msg.text}")
+
+    def response(r: Any) -> None:
+        if r.status >= 400:
+            w.refused.append((urlsplit(r.url).path, r.status))
 
     page.on("pageerror", lambda exc: w.errors.append(f"page error: {exc}"))
     page.on("console", console)
     page.on("requestfailed", lambda req: w.errors.append(f"request failed: {req.url}"))
     page.on("request", lambda req: w.requests.append(req.url))
+    page.on("response", response)
     return w
 
 

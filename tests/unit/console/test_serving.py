@@ -4,6 +4,7 @@ page that loads from another origin or runs inline."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 
 import httpx
@@ -91,3 +92,16 @@ def test_only_known_suffixes_are_served(tmp_path) -> None:  # type: ignore[no-un
     (tmp_path / ".env").write_text("k")
     assert sorted(load(tmp_path)) == ["a.js", "pages/b.js"]
     assert load(tmp_path / "missing") == {}
+
+
+PLAYGROUND_LOAD = ("index.html", "console.css", "app.js", "dom.js", "sse.js", "snippets.js", "pages/playground.js")
+
+
+def test_the_playground_loads_light_and_every_import_is_served() -> None:
+    assert sum(len(FILES[name].body) for name in PLAYGROUND_LOAD) <= 64 * 1024
+    imports = 0
+    for name in PLAYGROUND_LOAD:  # each module's static imports are in the served set
+        for target in re.findall(r"""^import [^;]*from "(\.{1,2}/[^"]+)";""", FILES[name].body.decode(), re.M):
+            imports += 1
+            assert posixpath.normpath(posixpath.join(posixpath.dirname(name), target)) in FILES, f"{name} imports {target}"
+    assert imports >= 4
