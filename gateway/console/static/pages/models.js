@@ -113,6 +113,11 @@ export function mount(root, ctx) {
   async function refresh() {
     if (stopped) return;
     clearTimeout(timer);
+    if (!ctx.access.valid) { // no key typed yet on a gateway that needs one: wait for it
+      clear(cards);
+      status.textContent = "This page needs an API key: type one in the key box above.";
+      return;
+    }
     try {
       const stats = await ctx.json("/v1/gateway/stats");
       if (ctx.access.admin && !planCache) {

@@ -130,6 +130,10 @@ export function mount(root, ctx) {
     if (controller) controller.abort();
     clearTimeout(retry);
     if (stopped) return;
+    if (!ctx.access.valid) { // no key typed yet on a gateway that needs one: wait for it
+      message.textContent = "This page needs an API key: type one in the key box above.";
+      return;
+    }
     const [q, limit] = wanted();
     const first = new URLSearchParams(q);
     first.set("limit", String(limit));
