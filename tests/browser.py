@@ -44,6 +44,7 @@ class Watched:
     requests: list[str] = field(default_factory=list)
     refused: list[tuple[str, int]] = field(default_factory=list)
     expected_console: list[str] = field(default_factory=list)  # substrings of console errors a test provokes
+    expected_aborts: set[str] = field(default_factory=set)  # paths whose requests the test aborts (Stop)
     expected_status: set[tuple[str, int]] = field(default_factory=lambda: {("/v1/models", 401), ("/admin/keys", 403)})
 
     def foreign(self) -> list[str]:
@@ -93,7 +94,11 @@ def watched_page(b: Any, origin: str) -> Watched:
 
     page.on("pageerror", lambda exc: w.errors.append(f"page error: {exc}"))
     page.on("console", console)
-    page.on("requestfailed", lambda req: w.errors.append(f"request failed: {req.url}"))
+    def failed(req: Any) -> None:
+        if not (req.failure == "net::ERR_ABORTED" and urlsplit(req.url).path in w.expected_aborts):
+            w.errors.append(f"request failed: {req.url} ({req.failure})")
+
+    page.on("requestfailed", failed)
     page.on("request", lambda req: w.requests.append(req.url))
     page.on("response", response)
     return w

@@ -51,7 +51,7 @@ function typescript(origin, json, stream, responses) {
   const create = responses ? "client.responses.create" : "client.chat.completions.create";
   const lines = ['import OpenAI from "openai";', "",
     `const client = new OpenAI({ baseURL: ${JSON.stringify(origin + "/v1")}, apiKey: process.env.${KEY_VAR} });`,
-    `const result = await ${create}(${json} as any);`];
+    `const result = await ${create}(${json});`];
   if (!stream) lines.push("console.log(JSON.stringify(result, null, 2));");
   else if (responses) lines.push("for await (const event of result) {",
     '  if (event.type === "response.output_text.delta") process.stdout.write(event.delta);', "}");

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from tests.browser import Watched, browser, needs_chromium, screenshot, watched_
 from tests.gateway_process import RunningGateway
 from tests.integration.console.gateways import ADMIN_KEY, MODEL, SLOW_KEY, USER_KEY, keyed_gateway
 
+TS_DIR = Path(__file__).resolve().parents[2] / "ts"
 pytestmark = [pytest.mark.integration, needs_chromium]
 
 WEATHER_TOOLS = [{"type": "function", "function": {
@@ -108,6 +110,8 @@ def test_streamed_chat_grows_then_shows_its_facts(console: Watched, gw: RunningG
     assert float(fact(answer, "tps")) > 0
     assert fact(answer, "engine") == "llamacpp"  # the x-enginegate-engine header, not the model card's guess
     assert fact(answer, "queue").endswith(" ms") and fact(answer, "request-id")
+    answer.locator("[data-fact=decode]").wait_for()  # from the gateway's record of this request
+    assert fact(answer, "prefill").endswith(" ms") and fact(answer, "decode").endswith(" ms")
     assert fact(answer, "finish") in ("stop", "length")
     assert fact(answer, "cached")  # usage was asked for (stream_options.include_usage) and shown
     sent = [r for r in console.requests if r.endswith("/v1/chat/completions")]
@@ -137,6 +141,24 @@ def test_the_python_snippet_is_the_request_and_runs(console: Watched, gw: Runnin
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
     assert printed["model"] == MODEL and printed["usage"]["completion_tokens"] <= 8
+
+
+def test_the_typescript_snippet_runs_with_the_official_sdk(console: Watched, gw: RunningGateway, tmp_path: Path) -> None:
+    node = shutil.which("node")
+    if node is None or not (TS_DIR / "node_modules" / "openai").is_dir():
+        pytest.skip("node or tests/ts/node_modules (npm ci in tests/ts, as .ci/run does) is missing")
+    page = open_playground(console, gw, USER_KEY, "User key")
+    page.fill("#pg-max-tokens", "8")
+    answer = send(page, "Say hi.")  # streamed: the snippet iterates the stream
+    answer.get_by_role("button", name="TypeScript").click()
+    code = answer.locator("pre.snippet").inner_text()
+    assert USER_KEY not in code
+    (tmp_path / "node_modules").symlink_to(TS_DIR / "node_modules")
+    (tmp_path / "snippet.mjs").write_text(code)  # plain JavaScript as well as TypeScript
+    env = {**os.environ, "ENGINEGATE_API_KEY": USER_KEY}
+    done = subprocess.run([node, "snippet.mjs"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip()  # the streamed text
 
 
 def test_a_forced_tool_call_renders_as_a_call(console: Watched, gw: RunningGateway, tmp_path: Path) -> None:

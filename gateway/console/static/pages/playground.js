@@ -241,6 +241,11 @@ class Answer {
     this.facts.append(h("span", { "data-fact": name }, label + " ", h("b", {}, String(value))));
   }
 
+  link(name, label, href, text) {
+    this.facts.append(h("span", { "data-fact": name }, label + " ",
+      h("a", { href, target: "_blank", rel: "noopener noreferrer" }, text)));
+  }
+
   fail(err) {
     this.el.classList.add("error");
     this.state("error");
@@ -379,6 +384,7 @@ async function call(ctx, path, body, signal, answer, model) {
   answer.fact("finish", "finish", finish);
   answer.fact("total", "total", fmt(ended - started, 0) + " ms");
   answer.fact("request-id", "request", facts.requestId);
+  if (facts.requestId) recorded(ctx, answer, facts.requestId);
   if (failure) return out;
   out.ok = true;
   out.toolCalls = [...calls.values()];
@@ -386,4 +392,21 @@ async function call(ctx, path, body, signal, answer, model) {
   if (out.toolCalls.length) message.tool_calls = out.toolCalls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
   out.message = message;
   return out;
+}
+
+// The gateway's own record of the request (GET /admin/requests?id=: any key sees its own tenant's
+// rows): the time split into prefill and decode, and the trace when tracing is on. The row is written
+// as the response ends, so a first miss is asked once more.
+async function recorded(ctx, answer, id) {
+  for (const wait of [0, 300]) {
+    if (wait) await new Promise((resolve) => setTimeout(resolve, wait));
+    let body;
+    try { body = await ctx.json("/admin/requests?limit=1&id=" + encodeURIComponent(id)); } catch { return; }
+    const row = (body.data || [])[0];
+    if (!row) continue;
+    answer.fact("prefill", "prefill", row.prefill_ms !== null && row.prefill_ms !== undefined ? fmt(row.prefill_ms, 0) + " ms" : null);
+    answer.fact("decode", "decode", row.decode_ms !== null && row.decode_ms !== undefined ? fmt(row.decode_ms, 0) + " ms" : null);
+    if (row.trace_id && body.trace_url) answer.link("trace", "trace", body.trace_url.replace("{trace_id}", row.trace_id), row.trace_id.slice(0, 12));
+    return;
+  }
 }
