@@ -58,14 +58,12 @@ class RequestFacts:
 
     def headers(self, queued_s: float) -> list[tuple[bytes, bytes]]:
         """The response facts headers (the engine and replica once a replica was chosen)."""
-        out = [(b"x-enginegate-request-id", self.id.encode("latin-1"))]
-        if self.engine is not None:
-            out.append((b"x-enginegate-engine", self.engine.encode("latin-1", "replace")))
-        if self.replica is not None:
-            out.append((b"x-enginegate-replica", self.replica.encode("latin-1", "replace")))
-        if self.admitted is not None:
-            out.append((b"x-enginegate-queue-ms", f"{queued_s * 1000:.3f}".encode()))
-        return out
+        if self.admitted is None:  # refused before a replica was chosen
+            return [(b"x-enginegate-request-id", self.id.encode("latin-1"))]
+        return [(b"x-enginegate-request-id", self.id.encode("latin-1")),
+                (b"x-enginegate-engine", (self.engine or "").encode("latin-1", "replace")),
+                (b"x-enginegate-replica", (self.replica or "").encode("latin-1", "replace")),
+                (b"x-enginegate-queue-ms", b"%.3f" % (queued_s * 1000))]
 
     def usage(self, prompt: int, completion: int, cached: int | None, prefill_s: float | None) -> None:
         self.prompt_tokens, self.completion_tokens, self.cached_tokens = prompt, completion, cached

@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.types import Scope
 
-from gateway.identity import caller_of
+from gateway.identity import CALLER_STATE, Caller
 from gateway.recent.facts import CLIENT_CLOSED, FACTS_STATE_KEY, RequestFacts
 from gateway.recent.ring import RecentRequests
 from gateway.tenancy.limits import Decision
@@ -38,15 +38,15 @@ def start(state: dict[str, Any], request_id: str, endpoint: str, created: float,
 
 
 def finish(ring: RecentRequests, scope: Scope, facts: RequestFacts, status: int, total_s: float, queued_s: float) -> None:
-    state = scope.get("state", {})
-    caller = caller_of(scope)
+    """The trace id is the one MetricsMiddleware read when the response started (a request that raised
+    before it has none)."""
+    state = scope["state"]  # MetricsMiddleware made it
+    caller = state.get(CALLER_STATE)
     facts.status = CLIENT_CLOSED if facts.abandoned else status
-    facts.tenant = caller.name if caller is not None else None
+    facts.tenant = caller.name if type(caller) is Caller else None
     model = state.get(MODEL_STATE_KEY)
-    facts.model = model if isinstance(model, str) else None
+    facts.model = model if type(model) is str else None
     facts.queue_s = queued_s
     facts.total_s = total_s
-    if facts.trace_id is None:
-        facts.trace_id = trace_id()
     decision = state.get(DECISION_STATE)
-    ring.record(facts, decision if isinstance(decision, Decision) else None)
+    ring.record(facts, decision if type(decision) is Decision else None)

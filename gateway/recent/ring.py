@@ -24,7 +24,7 @@ MAX_TENANTS = 10_000
 class Subscription:
     """One live reader's queue of records not yet sent."""
 
-    __slots__ = ("items", "ended", "lagged", "_wake")
+    __slots__ = ("_wake", "ended", "items", "lagged")
 
     def __init__(self) -> None:
         self.items: list[RequestFacts] = []

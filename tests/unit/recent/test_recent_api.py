@@ -111,3 +111,33 @@ def test_trace_ui_url_must_hold_the_trace_id() -> None:
     with pytest.raises(ValueError, match="trace_id"):
         Settings(trace_ui_url="http://jaeger:16686/trace/")
     assert Settings(trace_ui_url="http://j:16686/trace/{trace_id}").trace_ui_url
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"model": "echo", "prompt": PROMPT}),
+    ("/v1/responses", {"model": "echo", "input": PROMPT}),
+    ("/v1/messages", {"model": "echo", "max_tokens": 16, "messages": [{"role": "user", "content": PROMPT}]}),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_generation_api_carries_the_facts_and_is_recorded(tmp_path: Path, path: str, body: dict[str, Any],
+                                                                 stream: bool) -> None:
+    with client(tmp_path) as c:
+        r = c.post(path, json={**body, "stream": stream})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-enginegate-engine"] == "echo" and r.headers["x-enginegate-replica"] == "0"
+        row = c.get("/admin/requests", params={"id": r.headers["x-enginegate-request-id"]}).json()["data"][0]
+    assert row["endpoint"] == path and row["stream"] is stream and row["status"] == 200
+    assert row["completion_tokens"] == 3 and row["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (b'{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"length"}]}', "length"),
+    (b'{"choices":[{"finish_reason": "tool_calls"}]}', "tool_calls"),
+    (b'{"choices":[{"finish_reason":null}]}', None),
+    ({"choices": [{"finish_reason": "stop"}]}, "stop"),
+    ({"status": "completed"}, "completed"),
+    ({"choices": []}, None),
+])
+def test_finish_of_a_whole_answer(body: Any, reason: str | None) -> None:
+    from gateway.recent import finish_of
+    assert finish_of(body) == reason
