@@ -8,7 +8,7 @@ export const TABS = [
   { name: "playground", title: "Playground" },
   { name: "models", title: "Models" },
   { name: "keys", title: "Keys & usage", admin: true },
-  { name: "requests", title: "Live requests", admin: true },
+  { name: "requests", title: "Live requests" },
   { name: "status", title: "Status" },
 ];
 const DEFAULT_TAB = "playground";
