@@ -1,11 +1,16 @@
 """The key store in the shared PostgreSQL database (`database_url`): keys, limits, leases and the
 usage ledger of every gateway that names it.
 
-Exactness: each `reserve` is one call of the `tenancy_reserve` function (one statement: one
-transaction, one round trip) that first takes a transaction-scoped advisory lock on the tenant
-(`pg_advisory_xact_lock`), then reads the tenant's counters, decides and charges; so the reserves
-of one tenant are serialized across every gateway and no two of them both take the last unit.
-Other tenants never wait for it. The decision is `limits.check`'s rule in SQL, as the Redis store
+Exactness: each `reserve` is decided in one call of the `tenancy_reserve_batch` function (one
+statement: one transaction, one round trip) that first takes a transaction-scoped advisory lock on
+the tenant (`pg_advisory_xact_lock`), then reads the tenant's counters, decides and charges; so the
+reserves of one tenant are serialized across every gateway and no two of them both take the last
+unit. Other tenants never wait for it. One tenant's counters are one state that every gateway must
+see whole, so some serialization per tenant is the price of exact limits across gateways; what is
+kept short is its turn: the reserves of a tenant that arrive in a gateway while one of its calls is
+in flight wait in that gateway and go together in the next call (one lock turn, one read of the
+counters and one write per counter for all of them, each decided in order as if alone), so a busy
+key costs the database a call per round trip, not per request. The decision is `limits.check`'s rule in SQL, as the Redis store
 has it in Lua (tests/unit/tenancy/test_postgres_store.py holds the two to each other).
 
 Locks: every write to a tenant's rows (reserve, settle, renew, release_leases) first takes that

@@ -40,14 +40,13 @@ import os
 import time
 import uuid
 from collections.abc import Iterable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
 import orjson
 
 from gateway.tenancy.keys import KeyRecord, UnreadableKey, hash_secret
-from gateway.tenancy.limits import Decision, Limits, Reservation
+from gateway.tenancy.limits import Decision, Limits, Reservation, budget_period
 from gateway.tenancy.metrics import TenancyMetrics
 from gateway.tenancy.store import LEASE_RENEW_S, KeyStore, Settlement, StoreUnavailable, UsageDelta
 from gateway.tenancy.ticket import Ticket
@@ -360,4 +359,4 @@ class Tenancy:
 
 
 def _usage(name: str, model: str, **counts: int) -> UsageDelta:
-    return UsageDelta(name, model, datetime.now(timezone.utc).strftime("%Y-%m-%d"), **counts)
+    return UsageDelta(name, model, budget_period("day", time.time())[0], **counts)  # the UTC day
