@@ -26,7 +26,8 @@ Cost per request (benchmarks/tenancy_overhead.py): one store round trip at most,
   in flight going in the next one (a batch per round trip). A reserve of a key with a concurrency cap
   carries the ids of the requests of that key whose settle this process has queued and not yet
   written (`released`, at most RELEASED_MAX): the store ends their leases in the reserve's own step,
-  so a client's next request finds its slot free here without waiting for that write; on another
+  so a client's next request finds its slot free here without waiting for that write (an id is named
+  until a reserve that named it or its settle has been written); on another
   gateway it may find it held for that one write (a refusal, never an excess). The tokens those
   settles refund are still counted until they are written (a refusal at the edge, never an excess)."""
 
@@ -203,6 +204,8 @@ class Tenancy:
                 raise
             log.warning("%s: admitting %s without limits (on_store_error: open)", exc, record.name)
             return Ticket(record.name, model)
+        if released and decision.refused != "revoked":  # their leases are gone: no later reserve names them again
+            self._forget_releases(record.name, released)
         if decision.refused == "revoked":
             self._cache.pop(record.secret_hash, None)
             self._known.pop(record.secret_hash, None)
@@ -217,6 +220,15 @@ class Tenancy:
             if self._renewer is None or self._renewer.done():
                 self._renewer = asyncio.create_task(self._renew_loop())
         return Ticket(record.name, model, limits, decision, charged=cost, estimate=charge.prompt, request_id=request_id)
+
+    def _forget_releases(self, name: str, request_ids: Iterable[str]) -> None:
+        releasing = self._releasing.get(name)
+        if releasing is None:
+            return
+        for request_id in request_ids:
+            releasing.pop(request_id, None)
+        if not releasing:
+            del self._releasing[name]
 
     async def _renew_loop(self) -> None:
         """Renew every lease held here, in one store call per round; runs until close()."""
@@ -301,10 +313,8 @@ class Tenancy:
             return
         del self._pending[:len(batch)]
         for s in batch:
-            if s.release and (releasing := self._releasing.get(s.name)) is not None:
-                releasing.pop(s.request_id, None)
-                if not releasing:
-                    del self._releasing[s.name]
+            if s.release:
+                self._forget_releases(s.name, (s.request_id,))
         if self._failing:
             self._failing = False
             log.info("wrote %d buffered usage record(s) to the key store", len(batch))
