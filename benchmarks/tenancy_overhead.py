@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             gateways: list[tuple[str, Path, str]] = [(v, REPO_ROOT, v) for v in VARIANTS]
             if args.before:
                 old = export_revision(args.before, Path(data) / "before")
-                gateways += [(f"{store}-limits@before", old, store) for store in STORES]  # its variant names
+                gateways += [(f"{store}-limits@before", old, f"{store}-limits") for store in STORES]
             for name, root, served in gateways:
                 port = free_port()
                 folder = Path(data) / name

@@ -96,13 +96,26 @@ def check(limits: Limits, counters: Counters, cost: int) -> Refusal | None:
 
 
 def budget_period(period: BudgetPeriod, now: float) -> tuple[str, int]:
+    """The UTC day's or month's id and the milliseconds until it ends. Asked on every request: the current
+    period's bounds are kept (one datetime computation per period, not per call)."""
+    bounds = _bounds.get(period)
+    if bounds is None or not bounds[0] <= now < bounds[1]:
+        bounds = _bounds[period] = _period_bounds(period, now)
+    return bounds[2], max(1, math.ceil((bounds[1] - now) * 1000))
+
+
+_bounds: dict[str, tuple[float, float, str]] = {}
+
+
+def _period_bounds(period: BudgetPeriod, now: float) -> tuple[float, float, str]:
+    """(start, end, id) of the UTC day or month holding `now`."""
     t = datetime.fromtimestamp(now, timezone.utc)
     if period == "day":
         start = t.replace(hour=0, minute=0, second=0, microsecond=0)
-        end = start.timestamp() + 86400
-        return start.strftime("%Y-%m-%d"), max(1, math.ceil((end - now) * 1000))
+        return start.timestamp(), start.timestamp() + 86400, start.strftime("%Y-%m-%d")
+    first = datetime(t.year, t.month, 1, tzinfo=timezone.utc)
     nxt = datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=timezone.utc)
-    return t.strftime("%Y-%m"), max(1, math.ceil((nxt.timestamp() - now) * 1000))
+    return first.timestamp(), nxt.timestamp(), t.strftime("%Y-%m")
 
 
 @dataclass(frozen=True, slots=True)

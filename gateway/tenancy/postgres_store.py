@@ -1,11 +1,16 @@
 """The key store in the shared PostgreSQL database (`database_url`): keys, limits, leases and the
 usage ledger of every gateway that names it.
 
-Exactness: each `reserve` is one call of the `tenancy_reserve` function (one statement: one
-transaction, one round trip) that first takes a transaction-scoped advisory lock on the tenant
-(`pg_advisory_xact_lock`), then reads the tenant's counters, decides and charges; so the reserves
-of one tenant are serialized across every gateway and no two of them both take the last unit.
-Other tenants never wait for it. The decision is `limits.check`'s rule in SQL, as the Redis store
+Exactness: each `reserve` is decided in one call of the `tenancy_reserve_batch` function (one
+statement: one transaction, one round trip) that first takes a transaction-scoped advisory lock on
+the tenant (`pg_advisory_xact_lock`), then reads the tenant's counters, decides and charges; so the
+reserves of one tenant are serialized across every gateway and no two of them both take the last
+unit. Other tenants never wait for it. One tenant's counters are one state that every gateway must
+see whole, so some serialization per tenant is the price of exact limits across gateways; what is
+kept short is its turn: the reserves of a tenant that arrive in a gateway while one of its calls is
+in flight wait in that gateway and go together in the next call (one lock turn, one read of the
+counters and one write per counter for all of them, each decided in order as if alone), so a busy
+key costs the database a call per round trip, not per request. The decision is `limits.check`'s rule in SQL, as the Redis store
 has it in Lua (tests/unit/tenancy/test_postgres_store.py holds the two to each other).
 
 Locks: every write to a tenant's rows (reserve, settle, renew, release_leases) first takes that
@@ -26,8 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -235,10 +240,127 @@ STEPS: tuple[str, ...] = (
     END
     $$
     """,
+    # The reserves of one tenant queued in one gateway, decided in one call under one lock, in their order (each as
+    # tenancy_reserve would, one after the other): the secret checked first (p_secret NULL: not checked), the
+    # leases of ended requests (p_released) ended, the counters read once, one write per counter for the whole
+    # batch. A row per request, in p_requests' order. The older functions stay for the gateways of a rolling upgrade.
+    f"""
+    CREATE FUNCTION tenancy_reserve_batch(
+        p_secret text, p_name text, p_requests text[], p_costs bigint[], p_released text[], p_rpm bigint,
+        p_tpm bigint, p_conc bigint, p_budget bigint, p_window bigint, p_period text, p_lease_ttl bigint)
+    RETURNS TABLE (o_refused text, o_requests bigint, o_requests_reset bigint, o_tokens bigint,
+                   o_tokens_reset bigint, o_inflight bigint, o_used bigint)
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        now_ms bigint;
+        r_count bigint := 0; r_reset bigint := 0; t_count bigint := 0; t_reset bigint := 0;
+        inflight bigint := 0; used bigint := 0;
+        n_requests bigint := 0; n_tokens bigint := 0;
+        w_started bigint; w_count bigint;
+        replayed text[];
+        admitted text[] := '{{}}';
+        cost bigint;
+    BEGIN
+        IF p_secret IS NOT NULL AND NOT EXISTS (
+                SELECT 1 FROM tenancy_keys WHERE name = p_name AND secret_hash = p_secret) THEN
+            RETURN QUERY SELECT 'revoked'::text, 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint
+                FROM unnest(p_requests);
+            RETURN;
+        END IF;
+        PERFORM pg_advisory_xact_lock({LOCK_CLASS}, hashtext(p_name));
+        now_ms := {NOW_MS};
+        IF cardinality(p_released) > 0 THEN
+            DELETE FROM tenancy_leases WHERE name = p_name AND request_id = ANY(p_released);
+        END IF;
+        SELECT COALESCE(array_agg(substr(id, 3)), '{{}}') INTO replayed FROM tenancy_applied
+            WHERE id IN (SELECT 'r:' || x FROM unnest(p_requests) AS x);
+        IF p_rpm IS NOT NULL THEN
+            SELECT started_ms, count INTO w_started, w_count FROM tenancy_windows WHERE name = p_name AND kind = 'requests';
+            IF NOT FOUND OR now_ms - w_started >= p_window THEN
+                r_reset := p_window;
+            ELSE
+                r_count := w_count; r_reset := w_started + p_window - now_ms;
+            END IF;
+        END IF;
+        IF p_tpm IS NOT NULL THEN
+            SELECT started_ms, count INTO w_started, w_count FROM tenancy_windows WHERE name = p_name AND kind = 'tokens';
+            IF NOT FOUND OR now_ms - w_started >= p_window THEN
+                t_reset := p_window;
+            ELSE
+                t_count := w_count; t_reset := w_started + p_window - now_ms;
+            END IF;
+        END IF;
+        IF p_conc IS NOT NULL THEN
+            SELECT count(*) INTO inflight FROM tenancy_leases WHERE name = p_name AND expires_ms > now_ms;
+        END IF;
+        IF p_budget IS NOT NULL THEN
+            SELECT COALESCE((SELECT b.used FROM tenancy_budgets b WHERE b.name = p_name AND b.period = p_period), 0)
+                INTO used;
+        END IF;
+        FOR i IN 1 .. COALESCE(cardinality(p_requests), 0) LOOP
+            cost := p_costs[i];
+            o_refused := NULL; o_requests := r_count; o_requests_reset := r_reset; o_tokens := t_count;
+            o_tokens_reset := t_reset; o_inflight := inflight; o_used := used;
+            IF NOT p_requests[i] = ANY(replayed) THEN  -- a replay: charged once already, admitted as it was
+                IF p_rpm IS NOT NULL AND r_count >= p_rpm THEN
+                    o_refused := 'requests';
+                ELSIF p_tpm IS NOT NULL AND t_count > 0 AND t_count + cost > p_tpm THEN
+                    o_refused := 'tokens';
+                ELSIF p_conc IS NOT NULL AND inflight >= p_conc THEN
+                    o_refused := 'concurrency';
+                ELSIF p_budget IS NOT NULL AND used + cost > p_budget THEN
+                    o_refused := 'budget';
+                END IF;
+                IF o_refused IS NULL THEN
+                    o_requests := o_requests + 1; o_tokens := o_tokens + cost; o_inflight := o_inflight + 1;
+                    o_used := o_used + cost;
+                    IF p_rpm IS NOT NULL THEN r_count := r_count + 1; END IF;
+                    IF p_tpm IS NOT NULL THEN t_count := GREATEST(t_count + cost, 0); END IF;
+                    IF p_conc IS NOT NULL THEN inflight := inflight + 1; END IF;
+                    IF p_budget IS NOT NULL THEN used := GREATEST(used + cost, 0); END IF;
+                    n_requests := n_requests + 1; n_tokens := n_tokens + cost;
+                    admitted := admitted || p_requests[i];
+                END IF;
+            END IF;
+            RETURN NEXT;
+        END LOOP;
+        IF n_requests = 0 THEN
+            RETURN;
+        END IF;
+        IF p_rpm IS NOT NULL THEN
+            INSERT INTO tenancy_windows AS w (name, kind, started_ms, count) VALUES (p_name, 'requests', now_ms, n_requests)
+            ON CONFLICT (name, kind) DO UPDATE SET
+                count = CASE WHEN now_ms - w.started_ms >= p_window THEN n_requests ELSE w.count + n_requests END,
+                started_ms = CASE WHEN now_ms - w.started_ms >= p_window THEN now_ms ELSE w.started_ms END;
+        END IF;
+        IF p_tpm IS NOT NULL THEN
+            INSERT INTO tenancy_windows AS w (name, kind, started_ms, count)
+            VALUES (p_name, 'tokens', now_ms, GREATEST(n_tokens, 0))
+            ON CONFLICT (name, kind) DO UPDATE SET
+                count = CASE WHEN now_ms - w.started_ms >= p_window THEN GREATEST(n_tokens, 0)
+                             ELSE GREATEST(w.count + n_tokens, 0) END,
+                started_ms = CASE WHEN now_ms - w.started_ms >= p_window THEN now_ms ELSE w.started_ms END;
+        END IF;
+        IF p_conc IS NOT NULL THEN
+            DELETE FROM tenancy_leases WHERE name = p_name AND expires_ms <= now_ms;
+            INSERT INTO tenancy_leases (name, request_id, expires_ms)
+            SELECT p_name, x, now_ms + p_lease_ttl FROM unnest(admitted) AS x
+            ON CONFLICT (name, request_id) DO UPDATE SET expires_ms = EXCLUDED.expires_ms;
+        END IF;
+        IF p_budget IS NOT NULL THEN
+            INSERT INTO tenancy_budgets AS b (name, period, used) VALUES (p_name, p_period, GREATEST(n_tokens, 0))
+            ON CONFLICT (name, period) DO UPDATE SET used = GREATEST(b.used + n_tokens, 0);
+        END IF;
+        INSERT INTO tenancy_applied (id, at_ms) SELECT 'r:' || x, now_ms FROM unnest(admitted) AS x
+        ON CONFLICT (id) DO NOTHING;
+    END
+    $$
+    """,
 )
-RESERVE = "SELECT * FROM tenancy_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-RESERVE_KEY = "SELECT * FROM tenancy_reserve_key($11, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-"""The reserve of a key checked still active with this secret first, in the same statement (refused 'revoked')."""
+RESERVE_BATCH = "SELECT * FROM tenancy_reserve_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+"""The rows come back in p_requests' order (a set-returning plpgsql function returns them as made)."""
+BATCH_MAX = 64
+"""The most queued reserves of one tenant one call decides (more wait for the next call)."""
 
 SET_AUTH = ("INSERT INTO tenancy_meta (key, value) VALUES ('auth', $1) "
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value")
@@ -249,6 +371,19 @@ PRUNE = ("DELETE FROM tenancy_applied WHERE id IN (SELECT id FROM tenancy_applie
          f"{NOW_MS} - $1 ORDER BY at_ms LIMIT 10000 FOR UPDATE SKIP LOCKED)")
 """Forgets applied ids older than APPLIED_KEEP_MS, a bounded batch at a time, never waiting for a row
 another gateway is pruning (every gateway prunes, at most once a minute)."""
+
+
+_Group = tuple[str, str | None, int | None, int | None, int | None, int | None, int, str]
+"""The reserves that may share one call: one tenant, one secret, the same limits."""
+
+
+@dataclass(slots=True, eq=False)
+class _Queued:
+    request_id: str
+    cost: int
+    released: tuple[str, ...]
+    limits: Limits
+    decided: asyncio.Future[Decision]
 
 
 def _record(raw: str | None) -> KeyRecord | None:
@@ -264,6 +399,9 @@ class PostgresKeyStore:
         self._migrated = False
         self._migrating = asyncio.Lock()
         self._pruned_at = -PRUNE_EVERY_S
+        self._busy: set[_Group] = set()  # the groups with a reserve call in flight
+        self._queued: dict[_Group, list[_Queued]] = {}  # the reserves waiting for the next call of their group
+        self._drainers: set[asyncio.Task[None]] = set()
 
     def describe(self) -> str:
         return self.db.describe()
@@ -350,14 +488,74 @@ class PostgresKeyStore:
 
     # -- limits ------------------------------------------------------------------------------
     async def reserve(self, name: str, limits: Limits, cost: int, request_id: str,
-                      secret_hash: str | None = None) -> Decision:
-        args = (name, request_id, limits.rpm, limits.tpm, limits.concurrency, limits.budget, limits.window_ms,
-                limits.budget_period, cost, self.lease_ttl_ms)
-        row = await self._run(lambda c: c.fetchrow(RESERVE, *args) if secret_hash is None else
-                              c.fetchrow(RESERVE_KEY, *args, secret_hash))
-        counters = Counters(int(row["o_requests"]), int(row["o_requests_reset"]), int(row["o_tokens"]),
-                            int(row["o_tokens_reset"]), int(row["o_inflight"]), int(row["o_used"]))
-        return Decision(limits, counters, row["o_refused"])
+                      secret_hash: str | None = None, released: Sequence[str] = ()) -> Decision:
+        """One call of `tenancy_reserve_batch`. While one is in flight for this tenant (and these limits), the
+        reserves that come meanwhile queue and go together in the next call (BATCH_MAX at most): one round
+        trip and one turn of the tenant's lock for all of them, each decided in its order as if alone. A
+        queued reserve whose caller is cancelled before its call leaves is dropped; one already sent is
+        charged (as a cancelled statement would be) and its lease expires unrenewed."""
+        group = (name, secret_hash, limits.rpm, limits.tpm, limits.concurrency, limits.budget, limits.window_ms,
+                 limits.budget_period)
+        mine = _Queued(request_id, cost, tuple(released), limits, asyncio.get_running_loop().create_future())
+        if group in self._busy:
+            queue = self._queued.setdefault(group, [])
+            queue.append(mine)
+            try:
+                return await asyncio.shield(mine.decided)
+            except asyncio.CancelledError:
+                if mine in queue:
+                    queue.remove(mine)
+                raise
+        self._busy.add(group)
+        try:
+            await self._decide(group, [mine])
+            return mine.decided.result()
+        finally:
+            self._next(group)
+
+    def _next(self, group: _Group) -> None:
+        """After a call of `group`: the reserves queued meanwhile go in a task of their own (no caller's
+        cancellation stops it), else the group is free again."""
+        if self._queued.get(group):
+            self._drainers.add(task := asyncio.create_task(self._drain(group)))
+            task.add_done_callback(self._drainers.discard)
+        else:
+            self._busy.discard(group)
+            self._queued.pop(group, None)
+
+    async def _drain(self, group: _Group) -> None:
+        try:
+            while queue := self._queued.get(group):
+                batch, queue[:] = queue[:BATCH_MAX], queue[BATCH_MAX:]
+                await self._decide(group, batch)
+        finally:
+            self._busy.discard(group)
+            for q in self._queued.pop(group, []):  # stopped (the store closing): nobody is left waiting
+                if not q.decided.done():
+                    q.decided.set_exception(StoreUnavailable(f"key store {self.describe()}: closing"))
+
+    async def _decide(self, group: _Group, batch: list[_Queued]) -> None:
+        """Sets every reserve's decision, or its exception: never raises."""
+        name, secret_hash, rpm, tpm, conc, budget, window_ms, period = group
+        released = list(dict.fromkeys(r for q in batch for r in q.released))
+        args = (secret_hash, name, [q.request_id for q in batch], [q.cost for q in batch], released, rpm, tpm, conc,
+                budget, window_ms, period, self.lease_ttl_ms)
+        try:
+            rows = await self._run(lambda c: c.fetch(RESERVE_BATCH, *args))
+            if len(rows) != len(batch):
+                raise StoreUnavailable(f"key store {self.describe()}: {len(rows)} decisions for {len(batch)} reserves")
+        except BaseException as exc:
+            for q in batch:
+                if not q.decided.done():
+                    q.decided.set_exception(exc if isinstance(exc, Exception) else StoreUnavailable(str(exc) or "cancelled"))
+                    q.decided.exception()  # retrieved: a caller that left never logs "exception never retrieved"
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for q, row in zip(batch, rows):
+            if not q.decided.done():
+                counters = Counters(int(row[1]), int(row[2]), int(row[3]), int(row[4]), int(row[5]), int(row[6]))
+                q.decided.set_result(Decision(q.limits, counters, row[0]))
 
     async def renew(self, leases: list[tuple[str, str]]) -> None:
         """One transaction that takes the locks of every tenant it renews, in one order (the lock keys'),

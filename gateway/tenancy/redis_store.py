@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -93,12 +93,14 @@ redis.call('PUBLISH', KEYS[4], ARGV[1])
 return 1
 """
 # Reads first, and the first write one that needs memory (INCR, ZADD...): under OOM (noeviction) Redis refuses
-# that one, and so the whole call, where a write before it would have let the script run on regardless.
+# that one, and so the whole call, where a write before it would have let the script run on regardless. (The
+# `released` ZREMs come first: they free memory, never refused, and end only leases of requests that ended.)
 # KEYS: requests window, tokens window, leases, budget, applied:r:{id}, active.
 # ARGV: rpm tpm conc budget (0 = no limit) window_ms budget_ttl_ms cost lease_ttl_ms request_id keep_ms
-#       name secret_hash ('': not checked)
+#       name secret_hash ('': not checked), then the ids of ended requests whose leases end first (`released`)
 RESERVE = NOW + """
 if ARGV[12] ~= '' and redis.call('HGET', KEYS[6], ARGV[11]) ~= ARGV[12] then return {'revoked', 0, 0, 0, 0, 0, 0} end
+for i = 13, #ARGV do redis.call('ZREM', KEYS[3], ARGV[i]) end
 local rpm, tpm, conc, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local window, budget_ttl, cost, lease_ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local function get(k) return tonumber(redis.call('GET', k) or '0') end
@@ -245,12 +247,12 @@ class RedisKeyStore:
         return record if done else None
 
     async def reserve(self, name: str, limits: Limits, cost: int, request_id: str,
-                      secret_hash: str | None = None) -> Decision:
+                      secret_hash: str | None = None, released: Sequence[str] = ()) -> Decision:
         keys = [f"{self.p}w:{name}:requests", f"{self.p}w:{name}:tokens", f"{self.p}leases:{name}",
                 f"{self.p}budget:{name}:{limits.budget_period}", f"{self.p}applied:r:{request_id}", self.p + "active"]
         args = [limits.rpm or 0, limits.tpm or 0, limits.concurrency or 0, limits.budget or 0, limits.window_ms,
                 limits.budget_reset_ms + BUDGET_KEEP_MS, cost, self.lease_ttl_ms, request_id, APPLIED_KEEP_MS,
-                name, secret_hash or ""]
+                name, secret_hash or "", *released]
         out = await self._run(lambda: self._reserve(keys=keys, args=args))
         refused = out[0].decode() if isinstance(out[0], bytes) else str(out[0])
         counters = Counters(*(int(v) for v in out[1:7]))

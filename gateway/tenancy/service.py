@@ -23,28 +23,31 @@ Cost per request (benchmarks/tenancy_overhead.py): one store round trip at most,
   is used past KEY_CACHE_MAX_AGE_S whatever the channel says. A lookup that was in flight when the
   cache was emptied is not cached. Without `start()` (no watch) nothing is cached.
 - Settles are written after the response by one writer task, every settle queued while a write is
-  in flight going in the next one (a batch per round trip). A reserve of a key whose concurrency slot
-  this process is still releasing waits for that write first, so a client's next request finds its
-  slot free here; on another gateway it may find it held for that one write (a refusal, never an
-  excess)."""
+  in flight going in the next one (a batch per round trip). A reserve of a key with a concurrency cap
+  carries the ids of the requests of that key whose settle this process has queued and not yet
+  written (`released`, at most RELEASED_MAX): the store ends their leases in the reserve's own step,
+  so a client's next request finds its slot free here without waiting for that write (an id is named
+  until a reserve that named it or its settle has been written); on another
+  gateway it may find it held for that one write (a refusal, never an excess). The tokens those
+  settles refund are still counted until they are written (a refusal at the edge, never an excess)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import time
 import uuid
 from collections.abc import Iterable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
 import orjson
 
 from gateway.tenancy.keys import KeyRecord, UnreadableKey, hash_secret
-from gateway.tenancy.limits import Decision, Limits, Reservation
+from gateway.tenancy.limits import Decision, Limits, Reservation, budget_period
 from gateway.tenancy.metrics import TenancyMetrics
 from gateway.tenancy.store import LEASE_RENEW_S, KeyStore, Settlement, StoreUnavailable, UsageDelta
 from gateway.tenancy.ticket import Ticket
@@ -53,6 +56,8 @@ log = logging.getLogger("enginegate.tenancy")
 HAS_KEYS_TTL_S = 1.0
 FLUSH_INTERVAL_S = 1.0
 KNOWN_KEYS_MAX = 10_000
+RELEASED_MAX = 256
+"""The most ended requests' ids one reserve releases (more: the rest are released by their settles)."""
 KEY_CACHE_MAX_AGE_S = 5.0
 """The oldest cached key lookup used, whatever the push channel says (the bound if a push is lost unseen)."""
 
@@ -89,7 +94,7 @@ class Tenancy:
         self._cache_live = False  # the store's push channel is live: lookups may be cached
         self._cache_generation = 0  # every change event: a lookup begun before it is not cached
         self._watcher: asyncio.Task[None] | None = None
-        self._releasing: dict[str, int] = {}  # key name -> its slot releases queued or being written
+        self._releasing: dict[str, dict[str, None]] = {}  # key name -> ids whose releasing settle is not yet written
         self._round: asyncio.Future[None] | None = None  # the write round in flight: done when it ends
         self._next_round: asyncio.Future[None] | None = None  # the round the settles queued now go in
         self._failing = False  # the last write failed: the writer waits FLUSH_INTERVAL_S between tries
@@ -189,16 +194,18 @@ class Tenancy:
         limits = Limits.of(policy, time.time())
         cost = charge.tokens if limits.tpm or limits.budget else 0  # prompt + max_tokens x n; the settle refunds
         request_id = uuid.uuid4().hex  # the gateway's own: a client-sent id could replay another request's charge
-        if limits.concurrency and self._releasing.get(record.name):
-            await self._released(record.name)
+        releasing = self._releasing.get(record.name) if limits.concurrency else None
+        released = tuple(itertools.islice(releasing, RELEASED_MAX)) if releasing else ()
         try:
             decision = await self.store.reserve(record.name, limits, cost, request_id,
-                                                None if record.static else record.secret_hash)
+                                                None if record.static else record.secret_hash, released)
         except StoreUnavailable as exc:
             if not self.fail_open:
                 raise
             log.warning("%s: admitting %s without limits (on_store_error: open)", exc, record.name)
             return Ticket(record.name, model)
+        if released and decision.refused != "revoked":  # their leases are gone: no later reserve names them again
+            self._forget_releases(record.name, released)
         if decision.refused == "revoked":
             self._cache.pop(record.secret_hash, None)
             self._known.pop(record.secret_hash, None)
@@ -213,6 +220,15 @@ class Tenancy:
             if self._renewer is None or self._renewer.done():
                 self._renewer = asyncio.create_task(self._renew_loop())
         return Ticket(record.name, model, limits, decision, charged=cost, estimate=charge.prompt, request_id=request_id)
+
+    def _forget_releases(self, name: str, request_ids: Iterable[str]) -> None:
+        releasing = self._releasing.get(name)
+        if releasing is None:
+            return
+        for request_id in request_ids:
+            releasing.pop(request_id, None)
+        if not releasing:
+            del self._releasing[name]
 
     async def _renew_loop(self) -> None:
         """Renew every lease held here, in one store call per round; runs until close()."""
@@ -248,7 +264,7 @@ class Tenancy:
         self._pending.extend(settlements)
         for s in settlements:
             if s.release:
-                self._releasing[s.name] = self._releasing.get(s.name, 0) + 1
+                self._releasing.setdefault(s.name, {})[s.request_id] = None
         if self._next_round is None:
             self._next_round = asyncio.get_running_loop().create_future()
         round_done = self._next_round
@@ -269,17 +285,6 @@ class Tenancy:
                 if fut is not None and not fut.done():
                     fut.set_result(None)
             self._round = self._next_round = None
-
-    async def _released(self, name: str) -> None:
-        """Wait for this process's queued releases of `name` to be written, unless the writer is failing (they
-        wait in the buffer then; the leases expire if never written)."""
-        for _ in range(3):
-            if not self._releasing.get(name) or self._failing:
-                return
-            fut = self._next_round or self._round
-            if fut is None:
-                return
-            await asyncio.shield(fut)
 
     async def flush(self) -> bool:
         """Write what is buffered, in one store call; True when nothing is left."""
@@ -309,11 +314,7 @@ class Tenancy:
         del self._pending[:len(batch)]
         for s in batch:
             if s.release:
-                left = self._releasing.get(s.name, 0) - 1
-                if left > 0:
-                    self._releasing[s.name] = left
-                else:
-                    self._releasing.pop(s.name, None)
+                self._forget_releases(s.name, (s.request_id,))
         if self._failing:
             self._failing = False
             log.info("wrote %d buffered usage record(s) to the key store", len(batch))
@@ -368,4 +369,4 @@ class Tenancy:
 
 
 def _usage(name: str, model: str, **counts: int) -> UsageDelta:
-    return UsageDelta(name, model, datetime.now(timezone.utc).strftime("%Y-%m-%d"), **counts)
+    return UsageDelta(name, model, budget_period("day", time.time())[0], **counts)  # the UTC day

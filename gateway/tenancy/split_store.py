@@ -10,7 +10,7 @@ settlement is replayed later without charging the first twice."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -49,10 +49,10 @@ class SplitKeyStore:
         return await self.keys.replace_secret(name, secret_hash)
 
     async def reserve(self, name: str, limits: Limits, cost: int, request_id: str,
-                      secret_hash: str | None = None) -> Decision:
+                      secret_hash: str | None = None, released: Sequence[str] = ()) -> Decision:
         """The secret is not checked here (the keys are in the other store: one round trip each would be two);
         revocation reaches this process by the keys store's push (service.py's bounds)."""
-        return await self.counters.reserve(name, limits, cost, request_id)
+        return await self.counters.reserve(name, limits, cost, request_id, released=released)
 
     async def renew(self, leases: list[tuple[str, str]]) -> None:
         await self.counters.renew(leases)

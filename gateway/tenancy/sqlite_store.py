@@ -25,7 +25,7 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -316,8 +316,8 @@ class SQLiteKeyStore:
 
     # -- limits ------------------------------------------------------------------------------
     async def reserve(self, name: str, limits: Limits, cost: int, request_id: str,
-                      secret_hash: str | None = None) -> Decision:
-        return await self._write(lambda db: self._reserve(db, name, limits, cost, request_id, secret_hash))
+                      secret_hash: str | None = None, released: Sequence[str] = ()) -> Decision:
+        return await self._write(lambda db: self._reserve(db, name, limits, cost, request_id, secret_hash, released))
 
     @staticmethod
     def _window(db: sqlite3.Connection, name: str, kind: str, now_ms: int, window_ms: int) -> tuple[int, int]:
@@ -337,10 +337,12 @@ class SQLiteKeyStore:
             (name, kind, now_ms, n, window_ms))
 
     def _reserve(self, db: sqlite3.Connection, name: str, limits: Limits, cost: int, request_id: str,
-                 secret_hash: str | None) -> Decision:
+                 secret_hash: str | None, released: Sequence[str]) -> Decision:
         if secret_hash is not None and db.execute("SELECT 1 FROM keys WHERE name = ? AND secret_hash = ?",
                                                   (name, secret_hash)).fetchone() is None:
             return Decision(limits, Counters(), "revoked")
+        if released:
+            db.executemany("DELETE FROM leases WHERE name = ? AND request_id = ?", [(name, r) for r in released])
         now_ms = int(time.time() * 1000)
         replay = db.execute("SELECT 1 FROM applied WHERE id = ?", ("r:" + request_id,)).fetchone() is not None
         requests, requests_reset = self._window(db, name, "requests", now_ms, limits.window_ms) if limits.rpm else (0, 0)

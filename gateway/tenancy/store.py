@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import asdict, dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from gateway.tenancy.keys import KeyRecord
@@ -122,14 +122,17 @@ class KeyStore(Protocol):
     async def replace_secret(self, name: str, secret_hash: str) -> KeyRecord | None: ...
 
     async def reserve(self, name: str, limits: Limits, cost: int, request_id: str,
-                      secret_hash: str | None = None) -> Decision:
+                      secret_hash: str | None = None, released: Sequence[str] = ()) -> Decision:
         """Check the limits and, when they allow it, charge one request, `cost` tokens and (when
         limits.concurrency is set) a lease under `request_id`: one atomic step across every process
         sharing the store. A replay of an id already reserved charges nothing again and answers
         an admitted decision. With `secret_hash` (the secret the request was authenticated with), the
         same step first checks that `name` is still an active key with that secret: refused
         `revoked`, charging nothing, when it is not (so a cached lookup can never admit a revoked key
-        that has limits)."""
+        that has limits). `released`: request ids of `name` that have ended, whose settle (which releases
+        their lease) this process has queued but not yet written: their leases end first, in the same
+        step, so a client's next request never waits for its last one's settle (the settle's own release
+        then finds nothing left to end)."""
         ...
 
     async def renew(self, leases: list[tuple[str, str]]) -> None:

@@ -118,6 +118,22 @@ def test_budget_periods_are_utc_days_and_months() -> None:
     assert period == "2026-12" and reset_ms == round((1798761600.0 - NOW) * 1000)  # 2027-01-01
 
 
+@pytest.mark.parametrize("period", ["day", "month"])
+def test_a_budget_period_asked_on_each_side_of_its_end_is_the_right_one(period: str) -> None:
+    """The kept bounds of the current period never answer for a time outside it (later, or earlier: a clock
+    stepped back), whatever order the times come in."""
+    from datetime import datetime, timezone
+
+    month_end = 1798761600.0  # 2027-01-01T00:00Z: a day's, a month's and a year's end at once
+    times = [NOW, month_end - 0.001, month_end, month_end + 1, month_end - 1, NOW, month_end + 86400 * 40, NOW]
+    for t in times:
+        found, reset_ms = budget_period(period, t)  # type: ignore[arg-type]
+        d = datetime.fromtimestamp(t, timezone.utc)
+        assert found == d.strftime("%Y-%m-%d" if period == "day" else "%Y-%m"), t
+        assert 1 <= reset_ms <= (86400_000 if period == "day" else 31 * 86400_000)
+    assert budget_period(period, month_end - 0.0001)[1] == 1  # type: ignore[arg-type]
+
+
 def test_headers_and_the_429() -> None:
     lim = limits(rpm=60, tpm=1000, budget_tokens=50)
     admitted = Decision(lim, Counters(requests=3, requests_reset_ms=59_000, tokens=400, tokens_reset_ms=1500))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,81 @@ async def test_clients_starting_together_on_an_empty_database_migrate_it_once(cl
     db: Database = stores[0].db  # type: ignore[attr-defined]
     async with db.connection() as conn:
         assert await conn.fetchval("SELECT version FROM schema_versions WHERE component = 'tenancy'") == len(STEPS)
+
+
+async def test_reserves_queued_behind_one_in_flight_go_in_one_call_each_decided_in_order(clients: Clients) -> None:
+    a, b = clients(), clients()
+    calls: list[int] = []
+    decide = a._decide  # type: ignore[attr-defined]
+
+    async def counted(group: Any, batch: list[Any]) -> None:
+        calls.append(len(batch))
+        await decide(group, batch)
+
+    a._decide = counted  # type: ignore[attr-defined]
+    lim = limits(rpm=25, max_concurrency=20)
+    decisions = await asyncio.gather(*(([a, b][i % 3 == 2]).reserve("q", lim, 1, f"q{i}") for i in range(45)))
+    assert sum(calls) == 30 and len(calls) < 30 and calls[0] == 1  # one alone, the rest queued behind it
+    admitted = [d for d in decisions if d.admitted]
+    assert len(admitted) == 20  # the concurrency cap, exact across both clients' batches
+    assert sorted(d.counters.inflight for d in admitted) == list(range(1, 21))
+    assert {d.refused for d in decisions if not d.admitted} == {"concurrency"}
+
+
+async def test_a_queued_reserve_cancelled_before_its_call_charges_nothing(clients: Clients) -> None:
+    a = clients()
+    lim = limits(rpm=10)
+    first = asyncio.create_task(a.reserve("c", lim, 1, "c1"))
+    await asyncio.sleep(0)  # c1's call is in flight: the next two queue behind it
+    gone = asyncio.create_task(a.reserve("c", lim, 1, "c2"))
+    kept = asyncio.create_task(a.reserve("c", lim, 1, "c3"))
+    await asyncio.sleep(0)
+    gone.cancel()
+    assert (await first).admitted and (await kept).admitted
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert (await a.reserve("c", lim, 1, "c4")).counters.requests == 3  # c1, c3, c4: never c2
+
+
+async def test_every_queued_reserve_hears_the_store_fault(clients: Clients) -> None:
+    a = clients()
+    await a.reserve("f", limits(rpm=10), 1, "warm")
+    await a.db.close()  # type: ignore[attr-defined]
+    results = await asyncio.gather(*(a.reserve("f", limits(rpm=10), 1, f"f{i}") for i in range(8)), return_exceptions=True)
+    assert all(isinstance(r, StoreUnavailable) for r in results)
+
+
+async def test_two_gateways_never_run_more_than_the_cap_with_releases_in_the_reserve(clients: Clients) -> None:
+    """Two gateways' services on one database, every request reserving while other requests' settles are
+    still queued (their ids named in the reserve): the requests really running never exceed the cap."""
+    from gateway.tenancy.limits import Reservation
+    from gateway.tenancy.service import Refused, Tenancy
+
+    record = new_record("cap", KeyPolicy(max_concurrency=3, rpm=10**6))[0]
+    gateways = [Tenancy(clients()), Tenancy(clients())]
+    await gateways[0].store.create(record)
+    running, most, admitted = 0, 0, 0
+
+    async def worker(w: int) -> None:
+        nonlocal running, most, admitted
+        here = gateways[w % 2]
+        for _ in range(15):
+            try:
+                ticket = await here.reserve(record, "m", Reservation(1, 0))
+            except Refused:
+                await asyncio.sleep(0)
+                continue
+            running += 1
+            most, admitted = max(most, running), admitted + 1
+            await asyncio.sleep(0.001 * (w % 3))
+            running -= 1  # the request ended: only now may its slot be taken again
+            await here.settle(ticket, failed=False, engine_s=0.0)
+
+    await asyncio.gather(*(worker(w) for w in range(16)))
+    assert most <= 3 and admitted >= 15
+    for g in gateways:
+        await g.flush()
+    assert (await gateways[0].store.release_leases("cap")) == 0  # every lease ended: none leaked
 
 
 # -- faults ----------------------------------------------------------------------------------

@@ -121,6 +121,23 @@ async def test_release_leases_ends_one_tenants_leases(clients: Clients) -> None:
     assert (await b.reserve("other", one, 1, "o2")).refused == "concurrency"  # the other tenant's lease is untouched
 
 
+async def test_a_reserve_ends_the_leases_it_names_released_and_their_settles_free_nothing_more(clients: Clients) -> None:
+    """A gateway whose settle of a request is still queued names that request in its key's next reserve: the
+    slot is free in that same step, whatever the settle's write does later."""
+    a, b = clients(), clients()
+    lim = limits(max_concurrency=2)
+    assert (await a.reserve("rl", lim, 1, "r1")).admitted and (await b.reserve("rl", lim, 1, "r2")).admitted
+    assert (await a.reserve("rl", lim, 1, "r3")).refused == "concurrency"
+    freed = await a.reserve("rl", lim, 1, "r4", released=("r1", "unknown"))
+    assert freed.admitted and freed.counters.inflight == 2  # r1's slot, and only r1's (r2 is b's, still running)
+    await a.settle([settlement("r1", "rl", lim)])  # r1's settle arrives: its lease is already gone, r4's stays
+    assert (await b.reserve("rl", lim, 1, "r5")).refused == "concurrency"
+    again = await b.reserve("rl", lim, 1, "r6", released=("r1",))  # named twice: nothing more is freed
+    assert again.refused == "concurrency" and again.counters.inflight == 2
+    assert (await a.reserve("other", limits(max_concurrency=1), 1, "o1", released=("r2",))).admitted
+    assert (await a.reserve("rl", lim, 1, "r7")).refused == "concurrency"  # another tenant's reserve frees none of rl's
+
+
 async def test_keys_are_on_from_the_first_key_until_disable_auth(clients: Clients) -> None:
     a, b = clients(), clients()
     assert not await a.auth_enabled()
