@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.tuning import TUNE_DIR_ENV
+from tests.otlp_receiver import Receiver, phoenix
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,3 +37,11 @@ def _isolated_data_home() -> Iterator[None]:
         os.environ.pop("XDG_DATA_HOME", None)
     else:
         os.environ["XDG_DATA_HOME"] = before
+
+
+@pytest.fixture(scope="session")
+def otlp_receiver() -> Iterator[Receiver]:
+    """One real OTLP receiver (Phoenix, about a minute to start) for the whole run: each test finds its
+    own spans by its trace id, so the traced modules share it."""
+    with phoenix() as running:
+        yield running

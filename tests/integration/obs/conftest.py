@@ -10,7 +10,7 @@ import pytest
 
 from tests.gateway_process import REPO_ROOT, RunningGateway, gateway
 from tests.integration.obs.traced import tracing_env
-from tests.otlp_receiver import Receiver, phoenix
+from tests.otlp_receiver import Receiver
 
 FAKE_NVML = Path(__file__).resolve().parent / "fake_nvml"
 METRICS_KEY = "metrics-key-for-test"
@@ -31,10 +31,9 @@ def plain_gateway() -> Iterator[RunningGateway]:
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
-    """A real OTLP receiver (Phoenix) the module's traced gateway exports to."""
-    with phoenix() as running:
-        yield running
+def receiver(otlp_receiver: Receiver) -> Receiver:
+    """The run's real OTLP receiver (Phoenix) the module's traced gateway exports to."""
+    return otlp_receiver
 
 
 @pytest.fixture(scope="module")

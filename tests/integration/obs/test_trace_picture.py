@@ -14,7 +14,7 @@ import pytest
 
 from tests.gateway_process import REPO_ROOT
 from tests.gateway_process import RunningGateway as Gateway
-from tests.integration.obs.test_status_page import ARGS, CHROMIUM, GUARD_MS
+from tests.browser import ARGS, CHROMIUM, GUARD_MS
 from tests.integration.obs.traced import SPANS_GUARD_S, traceparent
 from tests.otlp_receiver import Receiver
 
