@@ -93,14 +93,14 @@ redis.call('PUBLISH', KEYS[4], ARGV[1])
 return 1
 """
 # Reads first, and the first write one that needs memory (INCR, ZADD...): under OOM (noeviction) Redis refuses
-# that one, and so the whole call, where a write before it would have let the script run on regardless. (The
-# `released` ZREMs come first: they free memory, never refused, and end only leases of requests that ended.)
+# that one, and so the whole call, where a write before it would have let the script run on regardless. So the
+# `released` leases (of requests that ended) are counted out by reading them, and removed only after that write
+# (or, refused, as the call's only writes: ZREM needs no memory).
 # KEYS: requests window, tokens window, leases, budget, applied:r:{id}, active.
 # ARGV: rpm tpm conc budget (0 = no limit) window_ms budget_ttl_ms cost lease_ttl_ms request_id keep_ms
 #       name secret_hash ('': not checked), then the ids of ended requests whose leases end first (`released`)
 RESERVE = NOW + """
 if ARGV[12] ~= '' and redis.call('HGET', KEYS[6], ARGV[11]) ~= ARGV[12] then return {'revoked', 0, 0, 0, 0, 0, 0} end
-for i = 13, #ARGV do redis.call('ZREM', KEYS[3], ARGV[i]) end
 local rpm, tpm, conc, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local window, budget_ttl, cost, lease_ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local function get(k) return tonumber(redis.call('GET', k) or '0') end
@@ -108,7 +108,13 @@ local function reset(k) local t = redis.call('PTTL', k); if t < 0 then return wi
 local r, rr, t, tr, c, b = 0, 0, 0, 0, 0, 0
 if rpm > 0 then r = get(KEYS[1]); rr = reset(KEYS[1]) end
 if tpm > 0 then t = get(KEYS[2]); tr = reset(KEYS[2]) end
-if conc > 0 then c = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf') end
+if conc > 0 then
+  c = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
+  for i = 13, #ARGV do
+    local s = redis.call('ZSCORE', KEYS[3], ARGV[i])
+    if s and tonumber(s) > now then c = c - 1 end
+  end
+end
 if budget > 0 then b = get(KEYS[4]) end
 if redis.call('EXISTS', KEYS[5]) == 1 then return {'', r, rr, t, tr, c, b} end
 local refused = ''
@@ -126,6 +132,7 @@ if refused == '' then
   if budget > 0 then b = redis.call('INCRBY', KEYS[4], cost); redis.call('PEXPIRE', KEYS[4], budget_ttl) end
   redis.call('SET', KEYS[5], '1', 'PX', ARGV[10])
 end
+for i = 13, #ARGV do redis.call('ZREM', KEYS[3], ARGV[i]) end
 return {refused, r, rr, t, tr, c, b}
 """
 # KEYS: leases, tokens window, budget, usage hash, usage index, applied:s:{id}.

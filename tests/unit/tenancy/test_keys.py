@@ -221,7 +221,8 @@ async def test_a_redis_error_reply_is_store_unavailable(redis: RedisServer, faul
     raw.execute_command(*(("CONFIG", "SET", "maxmemory", "1") if fault == "oom" else ("REPLICAOF", "127.0.0.1", str(dead))))
     try:
         assert (await store.lookup(hash_secret(secret))) == record  # reads still answer
-        for call in (lambda: store.reserve("f", lim, 1, "r1"), lambda: store.create(new_record("g", KeyPolicy())[0]),
+        for call in (lambda: store.reserve("f", lim, 1, "r1"), lambda: store.reserve("f", lim, 1, "r1", released=("r0",)),
+                     lambda: store.create(new_record("g", KeyPolicy())[0]),
                      lambda: store.settle([Settlement("r0", "f", lim, 0, True, UsageDelta("f", "m", "2026-12-01"))])):
             with pytest.raises(StoreUnavailable, match="maxmemory|read only"):
                 await call()
