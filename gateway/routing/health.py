@@ -88,6 +88,10 @@ def probe_delay(state: BreakerState, misses: int, interval: float, initial: floa
 
 RETRYABLE_CODES = frozenset({"engine_unreachable", "engine_reset", "engine_unavailable", "engine_start_failed",
                              "engine_disconnected"})
+ONE_ADAPTER_CODES = frozenset({"adapter_load_failed", "adapter_slots_full"})
+"""About one LoRA adapter on a working engine (a file it refused, its places all held): never the replica's
+failure, or three requests for one broken adapter would take the base model and every other adapter out of
+rotation with it."""
 
 
 def is_failure(error: BaseException | None) -> bool | None:
@@ -97,7 +101,7 @@ def is_failure(error: BaseException | None) -> bool | None:
     if isinstance(error, (ClientRequestError, UnsupportedError)):
         return None
     if isinstance(error, EngineError):
-        return error.status >= 500
+        return None if error.code in ONE_ADAPTER_CODES else error.status >= 500
     if isinstance(error, (TimeoutError, OSError)):
         return True
     if not isinstance(error, Exception):  # cancelled: the client left or the gateway is stopping

@@ -115,12 +115,15 @@ def test_an_adapter_in_flight_is_not_evicted(served: RunningGateway) -> None:
 
 
 def test_a_load_failure_answers_that_client_only(served: RunningGateway) -> None:
-    with pytest.raises(openai.APIStatusError) as err:
-        ask(served, "tone-broken")
-    assert err.value.status_code == 503 and err.value.code == "adapter_load_failed"
+    for _ in range(4):  # past the breaker's threshold (3): one broken adapter is no engine failure
+        with pytest.raises(openai.APIStatusError) as err:
+            ask(served, "tone-broken")
+        assert err.value.status_code == 503 and err.value.code == "adapter_load_failed"
     assert "tone-broken" in err.value.message and "broken" not in err.value.message.replace("tone-broken", "")
     assert "No adapter found" in served.log()  # the operator's reason is in the gateway's log
     assert ask(served, BASE) and ask(served, "tone-a")  # not an outage for others
+    replicas = httpx.get(served.url + "/v1/gateway/stats", timeout=10).json()["models"][BASE]["replicas"]
+    assert [(r["state"], r["failed"]) for r in replicas] == [("closed", 0)], replicas
     assert len(engine(served)["registered"]) <= 2
 
 

@@ -41,6 +41,8 @@ ENGINE_DOWN = EngineError("refused", 503, "engine_unreachable")
         (EngineError("timeout", 504, "upstream_timeout"), True),
         (TimeoutError(), True),
         (ClientRequestError("bad", 400), None),
+        (EngineError("adapter x could not be loaded", 503, "adapter_load_failed"), None),
+        (EngineError("adapter places held", 503, "adapter_slots_full"), None),
         (UnsupportedError("no tools"), None),
         (asyncio.CancelledError(), None),
         (ValueError("our bug"), None),
