@@ -14,6 +14,9 @@ import orjson
 from adapters.base import Usage
 
 AttributeValue = str | bool | int | float | Sequence[str]
+STOP_SEQUENCES = 4
+STOP_CHARS = 64
+"""gen_ai.request.stop_sequences keeps at most this many, each cut to this many characters."""
 Attributes = dict[str, AttributeValue]
 
 OPERATION_NAMES: Mapping[str, str] = {
@@ -53,9 +56,10 @@ def request_attributes(operation: str, engine: str, model: str, body: Mapping[st
         attrs["gen_ai.request.max_tokens"] = max_tokens
     stop = body.get("stop")
     if isinstance(stop, str):
-        attrs["gen_ai.request.stop_sequences"] = (stop,)
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        attrs["gen_ai.request.stop_sequences"] = tuple(stop)
+        stop = [stop]
+    if isinstance(stop, list) and stop and all(isinstance(s, str) for s in stop):
+        # the client's text in a span every tenant's traces share: OpenAI's four at most, each cut short
+        attrs["gen_ai.request.stop_sequences"] = tuple(s[:STOP_CHARS] for s in stop[:STOP_SEQUENCES])
     if body.get("stream") is True:
         attrs["enginegate.stream"] = True
     return attrs

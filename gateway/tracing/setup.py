@@ -81,7 +81,7 @@ def configure(config: TracingConfig, environ: Mapping[str, str] | None = None) -
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = TracerProvider(resource=Resource.create({"service.name": plan.service_name}),
-                              sampler=_sampler(plan.sampler))
+                              sampler=_sampler(plan.sampler), span_limits=_span_limits())
     provider.add_span_processor(BatchSpanProcessor(_exporter(plan)))
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
         trace.set_tracer_provider(provider)  # libraries that trace themselves join the same traces
@@ -99,3 +99,17 @@ def flush(timeout_seconds: float = 5.0) -> None:
     """Export what is buffered (at shutdown); a receiver that is down costs at most the timeout."""
     if _provider is not None:
         _provider.force_flush(int(timeout_seconds * 1000))
+
+
+ATTRIBUTE_CHARS = 16384
+"""The longest attribute value exported unless OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT says otherwise: a
+client's 8 MiB prompt (with the content opt-in) would make the collector refuse the whole batch, other
+tenants' spans with it."""
+
+
+def _span_limits() -> Any:
+    from opentelemetry.sdk.trace import SpanLimits
+
+    if any(os.environ.get(v) for v in ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")):
+        return SpanLimits()  # the standard variables, read by the SDK
+    return SpanLimits(max_attribute_length=ATTRIBUTE_CHARS)

@@ -28,6 +28,9 @@ BASE = {"gen_ai.provider.name": "vllm", "gen_ai.system": "vllm", "gen_ai.request
     ("chat", {"stop": "END"}, {"gen_ai.operation.name": "chat", "gen_ai.request.stop_sequences": ("END",)}),
     ("chat", {"stop": ["a", "b"]}, {"gen_ai.operation.name": "chat", "gen_ai.request.stop_sequences": ("a", "b")}),
     ("chat", {"stop": ["a", 1]}, {"gen_ai.operation.name": "chat"}),
+    ("chat", {"stop": []}, {"gen_ai.operation.name": "chat"}),
+    ("chat", {"stop": [str(i) * 100 for i in range(9)]},  # a client's text: four at most, each cut short
+     {"gen_ai.operation.name": "chat", "gen_ai.request.stop_sequences": tuple(str(i) * 64 for i in range(4))}),
     ("chat", {"messages": [{"role": "user", "content": "secret"}], "user": "u"}, {"gen_ai.operation.name": "chat"}),
 ])
 def test_request_attributes(operation: str, body: dict[str, Any], expected: dict[str, Any]) -> None:

@@ -91,3 +91,19 @@ def test_serve_refuses_an_unreadable_sampler_in_one_line(monkeypatch: pytest.Mon
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "lots")
     assert main(["serve", "--port", "0"]) == 2
     assert "invalid configuration: OTEL_TRACES_SAMPLER_ARG 'lots' is not a number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("env", "limit"), [
+    ({}, 16384),  # a client's huge prompt (content opt-in) cannot make the collector refuse everyone's batch
+    ({"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "100"}, 100),  # the standard variables win
+    ({"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "50"}, 50),
+])
+def test_attribute_values_are_bounded(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], limit: int) -> None:
+    pytest.importorskip("opentelemetry.sdk.trace")
+    from gateway.tracing.setup import _span_limits
+
+    for name in ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _span_limits().max_span_attribute_length == limit
