@@ -87,6 +87,8 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
               "when its window ends."),
     ErrorCode("insufficient_quota", OPENAI, (429,), "The key's token budget for its period is spent (`x-should-retry: "
               "false`: it renews when the period ends)."),
+    ErrorCode("too_many_streams", GATEWAY, (429,), "A key's tenant already holds 8 live streams of "
+              "`/admin/requests/stream` open; close one first."),
     ErrorCode("store_unavailable", GATEWAY, (503,), "The key store (SQLite file or Redis) is unreachable or answers "
               "an error (Redis READONLY, OOM) and `tenancy.on_store_error` is `closed`; or the response store was lost "
               "after start-up."),

@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.api.admin_keys import _tenancy, _unavailable
+from gateway.api.errors import APIError
 from gateway.identity import Caller, caller_of
 from gateway.recent import Filters, RecentRequests, Subscription, may_see, select
 from gateway.recent.headroom import headroom
@@ -29,6 +30,9 @@ from gateway.tenancy.store import StoreUnavailable
 
 router = APIRouter()
 HEARTBEAT_S = 15.0
+LIVE_READERS_PER_TENANT = 8
+"""Live streams one tenant (or, admins, one admin key's tenant) may hold open at once: each costs every request
+a check, so the ninth is a 429 to its sender."""
 STATUS_PATTERN = r"^([1-5][0-9][0-9]|[1-5]xx|error)$"
 
 
@@ -69,14 +73,15 @@ class LiveRows(Response):
                             (b"x-accel-buffering", b"no")]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        sub = self.ring.subscribe()
+        caller, filters = self.caller, self.filters
+        sub = self.ring.subscribe(lambda f: may_see(caller, f) and matches(filters, f),
+                                  None if caller is None else caller.name)
         listener = asyncio.ensure_future(_until_disconnect(receive, sub))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": b": live\n\n", "more_body": True})
-            while (batch := await sub.next(HEARTBEAT_S)) is not None:
-                chunk = b"".join(b"data: " + orjson.dumps(f.row()) + b"\n\n" for f in batch
-                                 if may_see(self.caller, f) and matches(self.filters, f))
+            while (batch := await sub.next(HEARTBEAT_S)) is not None:  # only rows it accepts: [] is the heartbeat
+                chunk = b"".join(b"data: " + orjson.dumps(f.row()) + b"\n\n" for f in batch)
                 await send({"type": "http.response.body", "body": chunk or b": ping\n\n", "more_body": True})
             if not listener.done():  # the gateway is shutting down, or this reader fell behind
                 reason = b"lagged" if sub.lagged else b"shutdown"
@@ -101,7 +106,11 @@ async def recent_requests_stream(
     tenant: str | None = Query(None, max_length=256),
     status: str | None = Query(None, pattern=STATUS_PATTERN),
 ) -> Response:
-    return LiveRows(_ring(request), caller_of(request.scope), Filters(MAX_LIMIT, model, tenant, status))
+    ring, caller = _ring(request), caller_of(request.scope)
+    if ring.subscribers_of(None if caller is None else caller.name) >= LIVE_READERS_PER_TENANT:
+        raise APIError(429, f"at most {LIVE_READERS_PER_TENANT} live request streams per key's tenant are open at "
+                            "once; close one first", code="too_many_streams", headers={"Retry-After": "5"})
+    return LiveRows(ring, caller, Filters(MAX_LIMIT, model, tenant, status))
 
 
 @router.get("/admin/limits")

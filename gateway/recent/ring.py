@@ -1,9 +1,10 @@
 """The recent requests: a bounded ring of finished records, and the live subscriptions to new ones.
 
 Concurrency rule: everything runs on the event loop and nothing here awaits while it holds state.
-`record` (the hot path, once per request) is one deque append plus one list append per live
-subscriber; a subscriber that falls `SUBSCRIBER_BACKLOG` records behind is ended (marked `lagged`),
-never waited for. `close` (the drain's start, the lifespan's end) ends every subscription and
+`record` (the hot path, once per request) is one deque append plus, per live subscriber, its
+`accepts` check and one list append where it accepts the record; a subscriber that falls
+`SUBSCRIBER_BACKLOG` of its records behind is ended (marked `lagged`), never waited for. A subscriber
+is woken only by records it accepts, so neither its wake-ups nor its backlog tell it of the others. `close` (the drain's start, the lifespan's end) ends every subscription and
 refuses new ones, so a live stream never holds the gateway's shutdown.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gateway.recent.facts import RequestFacts
@@ -24,15 +25,21 @@ MAX_TENANTS = 10_000
 class Subscription:
     """One live reader's queue of records not yet sent."""
 
-    __slots__ = ("_wake", "ended", "items", "lagged")
+    __slots__ = ("_wake", "accepts", "ended", "items", "lagged", "owner")
 
-    def __init__(self) -> None:
+    def __init__(self, accepts: Callable[[RequestFacts], bool] = lambda _: True, owner: str | None = None) -> None:
+        self.accepts = accepts
+        """The records this reader may see and asked for: only those are queued (and wake it)."""
+        self.owner = owner
+        """Whose reader it is (a tenant's name; None: no keys), for the cap on live readers per owner."""
         self.items: list[RequestFacts] = []
         self.ended = False
         self.lagged = False
         self._wake = asyncio.Event()
 
     def push(self, facts: RequestFacts) -> None:
+        if not self.accepts(facts):
+            return
         if len(self.items) >= SUBSCRIBER_BACKLOG:
             self.lagged = True
             self.end()
@@ -86,8 +93,9 @@ class RecentRequests:
     def newest_first(self) -> Iterator[RequestFacts]:
         return reversed(self._rows)
 
-    def subscribe(self) -> Subscription:
-        sub = Subscription()
+    def subscribe(self, accepts: Callable[[RequestFacts], bool] = lambda _: True,
+                  owner: str | None = None) -> Subscription:
+        sub = Subscription(accepts, owner)
         if self.closed:
             sub.end()
         else:
@@ -108,3 +116,6 @@ class RecentRequests:
     @property
     def subscribers(self) -> int:
         return len(self._subs)
+
+    def subscribers_of(self, owner: str | None) -> int:
+        return sum(1 for sub in self._subs if sub.owner == owner)

@@ -64,3 +64,14 @@ async def test_closing_the_ring_ends_every_stream_with_an_end_event() -> None:
     ring.close()
     await asyncio.wait_for(task, 5)
     assert b'event: end\ndata: {"reason": "shutdown"}' in b"".join(sent) and sent[-1] == b""
+
+
+async def test_another_tenants_rows_neither_wake_nor_ping_a_stream() -> None:
+    ring = RecentRequests(10)
+    task, sent, gone = await run(ring, Caller("a"))
+    for i in range(5):
+        ring.record(facts(i, "b"))  # a ping per batch of b's rows would time each of b's requests for a
+    await settle()
+    assert sent == [b": live\n\n"]
+    gone.set()
+    await asyncio.wait_for(task, 5)

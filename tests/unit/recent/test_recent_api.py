@@ -141,3 +141,15 @@ def test_every_generation_api_carries_the_facts_and_is_recorded(tmp_path: Path, 
 def test_finish_of_a_whole_answer(body: Any, reason: str | None) -> None:
     from gateway.recent import finish_of
     assert finish_of(body) == reason
+
+
+def test_a_tenant_holds_at_most_eight_live_streams_and_the_ninth_is_its_own_429(tmp_path: Path) -> None:
+    with client(tmp_path, api_keys=KEYS) as c:
+        ring = c.app.state.recent  # type: ignore[attr-defined]
+        held = [ring.subscribe(owner="team-a") for _ in range(8)]  # eight streams of team-a open
+        refused = c.get("/admin/requests/stream", headers=auth(A))
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_streams"
+        assert int(refused.headers["retry-after"]) >= 1
+        assert ring.subscribers_of("team-b") == 0 and ring.subscribers == 8  # team-b's own count is untouched
+        for sub in held:
+            ring.unsubscribe(sub)

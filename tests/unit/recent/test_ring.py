@@ -64,3 +64,14 @@ def test_the_last_decision_of_each_tenant_is_kept() -> None:
     ring.record(facts(1, "a"), decision)
     ring.record(facts(2, None), decision)  # no tenant (no keys): nothing to keep
     assert set(ring.limits) == {"a"} and ring.limits["a"].decision.counters.requests == 3
+
+
+async def test_a_readers_backlog_counts_only_the_records_it_accepts(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(ring_module, "SUBSCRIBER_BACKLOG", 2)
+    ring = RecentRequests(10)
+    sub = ring.subscribe(lambda f: f.tenant == "a", owner="a")
+    for i in range(5):
+        ring.record(facts(i, "b"))  # others' volume: no lag (its `lagged` end would tell of it)
+    ring.record(facts(9, "a"))
+    assert not sub.lagged and [f.id for f in await sub.next()] == ["id9"]
+    assert ring.subscribers_of("a") == 1 and ring.subscribers_of("b") == 0
