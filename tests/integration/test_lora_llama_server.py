@@ -51,18 +51,12 @@ def client(gw: RunningGateway, key: str = ADMIN) -> openai.OpenAI:
 
 
 def answer(gw: RunningGateway, model: str, key: str = ADMIN) -> str:
-    reply = client(gw, key).chat.completions.create(model=model, messages=ASK, max_tokens=16, temperature=0)  # type: ignore[arg-type]
+    """Its temperature-0 answer, the whole prompt computed (`cache_prompt` false): a prompt taken from a slot's
+    cache answers a little differently (its last token is computed alone), so cached and uncached answers of
+    one adapter need not be equal."""
+    reply = client(gw, key).chat.completions.create(  # type: ignore[call-overload]
+        model=model, messages=ASK, max_tokens=16, temperature=0, extra_body={"cache_prompt": False})
     return reply.choices[0].message.content or ""
-
-
-def shared(a: str, b: str) -> int:
-    """Characters two answers share from their start."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def test_each_adapter_is_listed_with_its_base(served: RunningGateway) -> None:
@@ -92,19 +86,15 @@ def test_base_and_adapters_answer_apart_and_the_scale_0_adapter_is_the_base(serv
 
 
 def test_concurrent_requests_for_the_two_adapters_each_get_their_own(served: RunningGateway) -> None:
-    alone = {m: answer(served, m) for m in ("tone-a", "tone-b")}
-    order = ["tone-a", "tone-b"] * 4
-    with ThreadPoolExecutor(len(order)) as pool:
-        together = list(pool.map(lambda m: answer(served, m), order))
-    # llama.cpp's batched decode (two slots in one batch) does not reproduce a lone request's logits bit for
-    # bit, so a concurrent answer may drift from the lone one after a few tokens; with its adapter (no bleed)
-    # it stays nearer its own adapter's lone answer than the other's, which start apart
-    other = {"tone-a": alone["tone-b"], "tone-b": alone["tone-a"]}
-    base = answer(served, "smollm")
-    assert shared(alone["tone-a"], alone["tone-b"]) < 5, alone
-    for model, text in zip(order, together, strict=True):
-        # nearer its own adapter's lone answer than the other adapter's (no bleed) and than the base's (applied)
-        assert shared(text, alone[model]) > max(shared(text, other[model]), shared(text, base)), (model, text, alone, base)
+    # llama-server never batches two slots whose adapters differ, so a request run beside the other adapter's is
+    # computed exactly as alone: equal answers, byte for byte (each computes its whole prompt: `answer`). Two
+    # requests of one adapter would batch together (other arithmetic), so each round runs one of each at once.
+    alone = {m: answer(served, m) for m in ("tone-a", "tone-b", "smollm")}
+    assert len(set(alone.values())) == 3, alone  # each adapter applied, and each its own
+    for _ in range(4):
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(lambda m: answer(served, m), ["tone-a", "tone-b"]))
+        assert together == [alone["tone-a"], alone["tone-b"]], (together, alone)
 
 
 def test_a_key_restricted_to_one_adapter_cannot_reach_the_others(served: RunningGateway) -> None:
