@@ -208,7 +208,7 @@ async def reserve_limits(request: Request, backend: Backend, view: RequestView, 
     context = facts.get("context_length")
     charge = reservation(view, context if isinstance(context, int) else None)
     try:
-        if tracing.ON:
+        if tracing.ON and spans.recording():
             caller = caller_of(request.scope)
             with spans.limits(caller.name if caller is not None else None):
                 return await tenancy.reserve(request.scope, request.app.state.tenancy, backend.model_id, charge)
@@ -236,7 +236,7 @@ async def admit(request: Request, backend: Backend, route: RouteKey | None = Non
     m = metrics(request)
     started = time.perf_counter()
     try:
-        if tracing.ON:
+        if tracing.ON and spans.recording():
             lease = await _traced_acquire(backend, route, exclude, demand)
         else:
             lease = await backend.acquire(route, exclude=exclude, demand=demand)
@@ -417,8 +417,12 @@ async def _admitted_call(
         lease = await admit(request, backend, route, exclude=tried, demand=demand)
         attempt = None
         if tracing.ON:
-            attempt = spans.attempt(name, backend, lease, body, len(tried), arrived)
-            ctx.extra["headers"] = {**ctx.extra.get("headers", {}), **attempt.headers}  # the relay sends traceparent
+            if spans.recording():
+                attempt = spans.attempt(name, backend, lease, body, len(tried), arrived)
+                sent_headers = attempt.headers
+            else:  # no span, but the engine still learns the trace and that it is not sampled
+                sent_headers = spans.unsampled_headers()
+            ctx.extra["headers"] = {**ctx.extra.get("headers", {}), **sent_headers}  # the relay sends traceparent
         try:
             with request_timing(request.scope).upstream_span():
                 sent = with_slot(with_engine_priority(body, lease, demand), lease)

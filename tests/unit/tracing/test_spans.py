@@ -94,3 +94,46 @@ def test_asked_for_without_the_sdk_it_says_so_and_serves_untraced(monkeypatch: p
         status = tracing.configure(tracing.TracingConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"})
     assert not status.on and not switch.ON
     assert "pip install 'enginegate[otel]'" in status.message and "serving without traces" in caplog.text
+
+
+class HeaderRecorder(EchoAdapter):
+    """Keeps the headers each chat would send to an engine server."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[dict[str, str]] = []
+
+    async def chat(self, body, ctx):  # type: ignore[no-untyped-def]
+        self.sent.append(dict(ctx.extra.get("headers", {})))
+        return await super().chat(body, ctx)
+
+
+def test_an_unsampled_request_makes_no_span_and_still_tells_the_engine(exported: InMemorySpanExporter) -> None:
+    engine = HeaderRecorder()
+    s = Settings()
+    unsampled = CALLER[:-2] + "00"  # the caller decided not to sample; the default sampler follows it
+    tracer = spans.tracer()
+    made: list[str] = []
+
+    class Counting:  # every span asked of the tracer, recording or not
+        def start_span(self, name, *args, **kwargs):  # type: ignore[no-untyped-def]
+            made.append(name)
+            return tracer.start_span(name, *args, **kwargs)
+
+        def start_as_current_span(self, name, *args, **kwargs):  # type: ignore[no-untyped-def]
+            made.append(name)
+            return tracer.start_as_current_span(name, *args, **kwargs)
+
+    spans.use(Counting())  # type: ignore[arg-type]
+    with TestClient(create_app(s, runtime_for_adapters(s, {"echo": engine}))) as http:
+        made.clear()  # the start-up's model load
+        for stream in (False, True):
+            r = http.post("/v1/chat/completions", json={**CHAT, "stream": stream}, headers={"traceparent": unsampled})
+            assert r.status_code == 200
+        assert made == ["POST", "POST"]  # the server span decides; nothing else is made for an unsampled request
+        assert http.post("/v1/chat/completions", json=CHAT, headers={"traceparent": CALLER}).status_code == 200
+    names = [s.name for s in exported.get_finished_spans()]
+    assert names.count("chat echo") == 1 and names.count("POST /v1/chat/completions") == 1  # the sampled one only
+    parents = [h["traceparent"] for h in engine.sent]
+    assert [p.split("-")[1] for p in parents] == ["0af7651916cd43dd8448eb211c80319c"] * 3
+    assert [p.split("-")[3] for p in parents] == ["00", "00", "01"]  # the engine follows each decision
