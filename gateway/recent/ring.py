@@ -4,8 +4,9 @@ Concurrency rule: everything runs on the event loop and nothing here awaits whil
 `record` (the hot path, once per request) is one deque append plus, per live subscriber, its
 `accepts` check and one list append where it accepts the record; a subscriber that falls
 `SUBSCRIBER_BACKLOG` of its records behind is ended (marked `lagged`), never waited for. A subscriber
-is woken only by records it accepts, so neither its wake-ups nor its backlog tell it of the others. `close` (the drain's start, the lifespan's end) ends every subscription and
-refuses new ones, so a live stream never holds the gateway's shutdown.
+is woken only by records it accepts, so neither its wake-ups nor its backlog tell it of the others.
+`close` (the drain's start, the lifespan's end) ends every subscription and refuses new ones, so a
+live stream never holds the gateway's shutdown.
 """
 
 from __future__ import annotations

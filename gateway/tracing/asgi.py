@@ -44,15 +44,14 @@ class TracingMiddleware:
         parent = propagate.extract(scope.get("headers", []), getter=GETTER)  # type: ignore[arg-type]
         method = scope.get("method", "GET")
         span = spans.tracer().start_span(method, context=parent, kind=SpanKind.SERVER)  # the samplers read no attribute
+        token = context.attach(trace.set_span_in_context(span, parent))
         if not span.is_recording():  # unsampled: nothing to describe, and no child span is made (spans.recording)
-            token = context.attach(trace.set_span_in_context(span, parent))
             try:
                 await self.app(scope, receive, send)
             finally:
                 context.detach(token)
             return
         span.set_attributes(attrs.http_server_attributes(scope))
-        token = context.attach(trace.set_span_in_context(span, parent))
         status: list[int] = []
 
         async def traced_send(message: Message) -> None:

@@ -14,10 +14,10 @@ import orjson
 from adapters.base import Usage
 
 AttributeValue = str | bool | int | float | Sequence[str]
+Attributes = dict[str, AttributeValue]
 STOP_SEQUENCES = 4
 STOP_CHARS = 64
 """gen_ai.request.stop_sequences keeps at most this many, each cut to this many characters."""
-Attributes = dict[str, AttributeValue]
 
 OPERATION_NAMES: Mapping[str, str] = {
     "chat": "chat", "responses": "chat", "completions": "text_completion", "embeddings": "embeddings",
