@@ -47,11 +47,12 @@ def _operator(request: Request) -> bool:
 
 
 def _status(backend: Backend) -> dict[str, Any]:
-    """The model's lifecycle: state (loaded, loading, unloaded, unloading, failed with reason), footprint, pin."""
+    """The model's lifecycle: state (loaded, loading, unloaded, unloading, failed with reason), footprint, pin,
+    and whether an admin unload waits for running requests (nothing new is admitted meanwhile)."""
     assert backend.lifecycle is not None
     view = backend.lifecycle.view()
     return {k: view[k] for k in ("state", "reason", "engine", "engine_reason", "pinned", "preload", "ttl_seconds", "footprint",
-                                 "load_seconds", "fallbacks") if k in view}
+                                 "load_seconds", "unload_asked", "fallbacks") if k in view}
 
 
 @router.get("/v1/models")

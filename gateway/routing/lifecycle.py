@@ -186,6 +186,7 @@ class ModelLifecycle:
             "loads": self.loads,
             "in_flight": self.in_flight,
             "waiting_for_load": self.wanting,
+            "unload_asked": self.unload_asked,
             "fallbacks": [{"engine": f.engine, "reason": f.reason} for f in self.failures[-MAX_LISTED_FAILURES:]],
         }
 

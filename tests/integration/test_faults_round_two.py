@@ -180,8 +180,9 @@ def test_stored_conversations_are_private_and_the_summary_says_where(replicated:
 async def test_an_unload_under_steady_traffic_drains_then_unloads(replicated: RunningGateway) -> None:
     """Issue 21 item 3: with two clients back to back the unload answered 503 model_busy after
     load_timeout_seconds and requests kept being admitted. Here a long stream runs when the unload is
-    asked: nothing sent after that may be served before the unload is done. (Last in the module: the
-    model loads again.)"""
+    asked: nothing sent after the gateway says it holds admission for the unload may be served before
+    the unload is done. (A request the client sent a moment after asking may reach the gateway first:
+    the client's clock cannot order the two.) (Last in the module: the model loads again.)"""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     answers: list[tuple[float, float, int]] = []  # sent, answered, status
@@ -206,8 +207,13 @@ async def test_an_unload_under_steady_traffic_drains_then_unloads(replicated: Ru
         started = asyncio.Event()
         stream = asyncio.create_task(long_stream(http, started))
         await started.wait()
+        unloading = asyncio.create_task(http.post(f"/admin/models/{MODEL}/unload"))
+        while not unloading.done():  # the gateway's word that the unload holds admission, not the client's send
+            if (await http.get(f"/v1/models/{MODEL}")).json()["status"].get("unload_asked"):
+                break
         asked = loop.time()
-        unload = await http.post(f"/admin/models/{MODEL}/unload")
+        assert not unloading.done(), "the unload ended before the gateway was seen holding admission"
+        unload = await unloading
         unloaded = loop.time()
         stop.set()
         await asyncio.gather(*clients)
