@@ -147,6 +147,54 @@ async def test_a_locked_sqlite_file_is_waited_for_off_the_event_loop(tmp_path: P
     await store.close()
 
 
+async def test_sqlite_writes_of_one_loop_turn_share_one_commit_and_none_returns_before_it(tmp_path: Path) -> None:
+    import asyncio
+    import sqlite3
+
+    from gateway.tenancy.limits import Limits
+
+    store = SQLiteKeyStore(tmp_path / "keys.sqlite3")
+    policy = KeyPolicy(rpm=100, max_concurrency=100)
+    await store.create(new_record("t", policy)[0])
+    await store.reserve("t", Limits.of(policy, 0.0), 1, "warm")  # opens the loop's connection
+    reader = sqlite3.connect(store.path, isolation_level=None)
+    commits = store._commits
+    seen_by_others: list[int] = []
+
+    async def reserve(request_id: str) -> None:
+        await store.reserve("t", Limits.of(policy, 0.0), 1, request_id)
+        seen_by_others.append(int(reader.execute("SELECT count(*) FROM leases").fetchone()[0]))
+
+    await asyncio.gather(*(reserve(f"r{i}") for i in range(8)))
+    assert store._commits == commits + 1  # eight reserves, one transaction
+    assert seen_by_others[0] == 9  # the first to return already finds all of them committed
+    reader.close()
+    await store.close()
+
+
+async def test_a_sqlite_write_that_fails_rolls_back_its_whole_group_and_the_next_one_works(tmp_path: Path) -> None:
+    import asyncio
+    import sqlite3
+
+    from gateway.tenancy.limits import Limits
+
+    store = SQLiteKeyStore(tmp_path / "keys.sqlite3")
+    policy = KeyPolicy(rpm=100)
+    await store.create(new_record("t", policy)[0])
+    await store.reserve("t", Limits.of(policy, 0.0), 1, "warm")
+
+    def broken(db: sqlite3.Connection) -> None:
+        db.execute("UPDATE windows SET count = count + 1000")
+        raise sqlite3.OperationalError("disk I/O error")
+
+    results = await asyncio.gather(store.reserve("t", Limits.of(policy, 0.0), 1, "mate"), store._write(broken),
+                                   return_exceptions=True)
+    assert [type(r) for r in results] == [StoreUnavailable, StoreUnavailable]
+    after = await store.reserve("t", Limits.of(policy, 0.0), 1, "next")
+    assert after.admitted and after.counters.requests == 2  # warm and next: neither the mate nor the +1000 stayed
+    await store.close()
+
+
 async def test_a_sqlite_file_from_before_the_flag_with_only_revoked_keys_still_requires_keys(tmp_path: Path) -> None:
     import sqlite3
 
