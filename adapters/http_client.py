@@ -222,16 +222,25 @@ class HttptoolsClient:
     async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> HttptoolsResponse:
         key, target = self._split(url)
         data = _serialise(method, target, key, headers, body)
-        conn = self._take_idle(key) or await self._connect(key)
+        idle = self._take_idle(key)
+        conn = idle or await self._connect(key)
         try:
             return await self._exchange(conn, data)
         except UpstreamDisconnected as exc:
+            if idle is None:
+                conn.close()
+                raise  # a fresh connection the engine closed: it failed (a crash), nothing stale to retry
             first = exc  # resent below, outside this handler, so it is not the next error's context
         except BaseException:
             conn.close()
             raise
         conn.close()
-        conn = await self._connect(key)
+        try:
+            conn = await self._connect(key)
+        except UpstreamConnectionError:
+            # the engine is gone since it took the request: that request killed it or it died under it,
+            # which the first error says (an engine reset), not a refused connection
+            raise UpstreamDisconnected(f"{first}; not resent: the engine no longer accepts connections") from None
         try:
             return await self._exchange(conn, data)
         except UpstreamDisconnected as again:

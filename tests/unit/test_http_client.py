@@ -143,20 +143,66 @@ async def test_a_kept_alive_connection_the_engine_closed_is_resent_once() -> Non
 
 
 async def test_an_engine_dying_with_every_request_is_disconnected_not_retried_forever() -> None:
+    """On a fresh connection nothing can be stale: a close before the response is the engine failing, and
+    the request is not sent again. On a kept-alive one it is resent once, on a fresh connection."""
     tries = 0
+    answer = True
 
     async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal tries
-        await read_request(reader)
-        tries += 1
-        writer.transport.abort()
+        while True:
+            await read_request(reader)
+            tries += 1
+            if not answer:
+                writer.transport.abort()
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
 
     server, url = await serve(engine)
-    client = HttptoolsClient()
+    client = HttptoolsClient(keepalive=60)
     try:
+        answer = False
+        with pytest.raises(UpstreamDisconnected) as fresh:
+            await client.request("POST", url + "/", {}, b"{}")
+        assert tries == 1 and "resent" not in str(fresh.value)
+        answer = True
+        resp = await client.request("POST", url + "/", {}, b"{}")
+        assert await resp.read() == b"ok"
+        resp.release()  # kept alive
+        answer, tries = False, 0
         with pytest.raises(UpstreamDisconnected, match="resent"):
             await client.request("POST", url + "/", {}, b"{}")
         assert tries == 2
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_a_request_that_kills_the_engine_on_a_kept_alive_connection_is_a_reset_not_refused() -> None:
+    """The request reached the engine and the engine is gone: the resend finds nothing listening, and the
+    answer is the disconnect (engine_reset upstream), not "cannot connect" (the engine unreachable)."""
+    served = 0
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal served
+        await read_request(reader)
+        served += 1
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        await read_request(reader)
+        server.close()  # the engine dies with the second request: its port is closed
+        writer.transport.abort()
+
+    server, url = await serve(engine)
+    client = HttptoolsClient(keepalive=60)
+    try:
+        resp = await client.request("POST", url + "/", {}, b"{}")
+        assert await resp.read() == b"ok"
+        resp.release()
+        with pytest.raises(UpstreamDisconnected, match="no longer accepts connections"):
+            await client.request("POST", url + "/", {}, b"{}")
+        assert served == 1
     finally:
         await client.aclose()
         server.close()
