@@ -7,8 +7,8 @@ never waits for a writer; a write that finds the file locked (busy timeout 0) is
 worker thread, which waits for the lock there; commits do not fsync (synchronous=NORMAL) and the
 WAL checkpoint (which does) runs on the worker thread. A thread hop per call cost more than the
 queries themselves (benchmarks/tenancy_overhead.py). The writes of one turn of the event loop share
-one transaction, committed at the next turn, before any of them returns (`_Group`): under load the
-commit, which rewrites the WAL pages the counters live on, was a third of a reserve.
+one transaction, made in one step at the next turn, before any of them returns (`_flush_writes`):
+under load the commit, which rewrites the WAL pages the counters live on, was a third of a reserve.
 
 Accounting is idempotent: `applied` holds the request ids already reserved (`r:ID`) and settled
 (`s:ID`), pruned after APPLIED_KEEP_MS; a concurrency slot is a row of `leases` that expires
@@ -29,7 +29,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -118,16 +118,11 @@ def private_file(path: Path) -> None:
 
 
 @dataclass(slots=True)
-class _Group:
-    """The loop connection's open write transaction. Every `_write` made in one turn of the event loop runs
-    its body in it at once (the loop's connection is used by nothing else meanwhile) and waits for its
-    commit, which comes at the next turn: the reserves and settles of concurrent requests share one
-    BEGIN IMMEDIATE and one commit (the WAL pages they touch are written once), and no decision is
-    returned before it is committed. It holds the file's write lock for that one turn."""
+class _Write:
+    """One queued write: its body and the caller's future (a caller that leaves cancels its own only)."""
 
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)
-    """One future per write in it (a caller that leaves cancels its own, never the others')."""
-    failed: StoreUnavailable | None = None
+    body: Callable[[sqlite3.Connection], Any]
+    done: asyncio.Future[Any]
 
 
 def _transaction(db: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
@@ -149,7 +144,8 @@ class SQLiteKeyStore:
         self._db: sqlite3.Connection | None = None
         self._loop_db: sqlite3.Connection | None = None
         self._commits = 0
-        self._group: _Group | None = None
+        self._queued: list[_Write] | None = None  # this turn's writes, flushed at the next (_flush_writes)
+        self._worker_writes: set[asyncio.Future[None]] = set()
         self._settles = 0
         self._changed: Callable[[bool], None] | None = None
 
@@ -191,65 +187,76 @@ class SQLiteKeyStore:
         return self._loop_db
 
     async def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        """`body` in the loop connection's open transaction (see `_Group`), returning once that is committed;
-        on a locked file (or none yet), in a transaction of its own on the worker thread."""
-        try:
-            db = self._loop_conn()
-            if db is not None:
-                group = self._group or self._open_group(db)
-                try:
-                    out = body(db)
-                except BaseException as exc:
-                    self._fail_group(db, group, exc)
-                    raise
-                waiter = asyncio.get_running_loop().create_future()
-                group.waiters.append(waiter)
-                await waiter
-                return out
-        except sqlite3.OperationalError as exc:
-            if not is_locked(exc):
-                self._loop_db = None
-                raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
-        except sqlite3.Error as exc:
-            self._loop_db = None
-            raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
-        return await self._run(self._tx, body)
-
-    def _open_group(self, db: sqlite3.Connection) -> _Group:
-        db.execute("BEGIN IMMEDIATE")  # raises "locked" at once (busy timeout 0) when another connection writes
+        """Queue `body` for this turn's transaction (see `_flush_writes`) and return its result once that
+        transaction is committed; with no file yet, in a transaction of its own on the worker thread."""
+        if self._loop_conn() is None:
+            return await self._run(self._tx, body)
         loop = asyncio.get_running_loop()
-        group = self._group = _Group()
-        loop.call_soon(self._commit_group, db, group)
-        return group
+        if self._queued is None:
+            self._queued = []
+            loop.call_soon(self._flush_writes)
+        write = _Write(body, loop.create_future())
+        self._queued.append(write)
+        return await write.done  # type: ignore[no-any-return]
 
-    def _commit_group(self, db: sqlite3.Connection, group: _Group) -> None:
-        if self._group is not group:
-            return  # rolled back (a body failed) or committed by close()
-        self._group = None
-        try:
-            db.commit()
-        except sqlite3.Error as exc:
-            self._fail_group(db, group, exc)
+    def _flush_writes(self) -> None:
+        """The writes queued in one turn of the event loop, in one transaction on the loop's connection, in one
+        step (the file's write lock is held only for their statements, never across other work): the reserves
+        and settles of requests that arrived together share one BEGIN IMMEDIATE and one commit, which rewrites
+        the WAL pages the counters live on once. None returns before the commit; if one fails, all roll back
+        and each gets the store's error. A locked file (another process writes) sends them, still in one
+        transaction, to the worker thread, which waits for the lock there. A write whose caller left before
+        the step is not made."""
+        writes, self._queued = [w for w in self._queued or () if not w.done.done()], None
+        if not writes:
             return
-        for waiter in group.waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        db = self._loop_conn()
+        try:
+            if db is None:
+                raise sqlite3.OperationalError("database is locked")  # closed meanwhile: the worker thread reopens
+            db.execute("BEGIN IMMEDIATE")  # busy timeout 0: "locked" at once when another connection writes
+        except sqlite3.Error as exc:
+            if isinstance(exc, sqlite3.OperationalError) and is_locked(exc):
+                task = asyncio.ensure_future(self._write_on_worker(writes))
+                self._worker_writes.add(task)
+                task.add_done_callback(self._worker_writes.discard)
+            else:
+                self._loop_db = None
+                self._fail(writes, exc)
+            return
+        try:
+            results = [w.body(db) for w in writes]
+            db.commit()
+        except Exception as exc:
+            with contextlib.suppress(sqlite3.Error):
+                db.rollback()
+            if isinstance(exc, sqlite3.Error):
+                self._loop_db = None
+            self._fail(writes, exc)
+            return
+        for w, out in zip(writes, results, strict=True):
+            if not w.done.done():
+                w.done.set_result(out)
         self._commits += 1
         if self._commits % CHECKPOINT_EVERY == 0:
             self._executor.submit(self._checkpoint)
 
-    def _fail_group(self, db: sqlite3.Connection, group: _Group, exc: BaseException) -> None:
-        """Roll the whole transaction back: every write in it fails, none of them has returned yet."""
-        if self._group is group:
-            self._group = None
-        with contextlib.suppress(sqlite3.Error):
-            db.rollback()
-        if not isinstance(exc, sqlite3.OperationalError) or not is_locked(exc):
-            self._loop_db = None
-        group.failed = StoreUnavailable(f"key store {self.path}: {type(exc).__name__}: {exc}")
-        for waiter in group.waiters:
-            if not waiter.done():
-                waiter.set_exception(group.failed)
+    async def _write_on_worker(self, writes: list[_Write]) -> None:
+        try:
+            results = await self._run(self._tx, lambda db: [w.body(db) for w in writes])
+        except Exception as exc:
+            self._fail(writes, exc)
+            return
+        for w, out in zip(writes, results, strict=True):
+            if not w.done.done():
+                w.done.set_result(out)
+
+    def _fail(self, writes: list[_Write], exc: Exception) -> None:
+        error = exc if isinstance(exc, StoreUnavailable) or not isinstance(exc, sqlite3.Error) else \
+            StoreUnavailable(f"key store {self.path}: {exc}")
+        for w in writes:
+            if not w.done.done():
+                w.done.set_exception(error)
 
     def _checkpoint(self) -> None:
         with contextlib.suppress(sqlite3.Error):
@@ -517,8 +524,10 @@ class SQLiteKeyStore:
         return await self._run(run)
 
     async def close(self) -> None:
-        if self._group is not None and self._loop_db is not None:
-            self._commit_group(self._loop_db, self._group)
+        if self._queued:
+            self._flush_writes()  # before the connection closes under them
+        if self._worker_writes:
+            await asyncio.gather(*self._worker_writes, return_exceptions=True)
         if self._loop_db is not None:
             self._loop_db.close()
             self._loop_db = None

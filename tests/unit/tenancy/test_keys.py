@@ -172,6 +172,41 @@ async def test_sqlite_writes_of_one_loop_turn_share_one_commit_and_none_returns_
     await store.close()
 
 
+async def test_sqlite_shared_commits_never_hold_the_write_lock_between_two_steps_of_the_loop(tmp_path: Path) -> None:
+    """Another gateway process on the same file must find the lock free whenever this one is not inside its
+    one-step flush: a transaction left open across a turn of the loop would starve it under load."""
+    import asyncio
+    import sqlite3
+
+    from gateway.tenancy.limits import Limits
+
+    store = SQLiteKeyStore(tmp_path / "keys.sqlite3")
+    policy = KeyPolicy(rpm=10**6, max_concurrency=10**6)
+    await store.create(new_record("t", policy)[0])
+    await store.reserve("t", Limits.of(policy, 0.0), 1, "warm")
+    other = sqlite3.connect(store.path, timeout=0, isolation_level=None)  # never waits: "locked" is a failure
+    stop = False
+
+    async def reserving(worker: int) -> None:
+        n = 0
+        while not stop:
+            n += 1
+            await store.reserve("t", Limits.of(policy, 0.0), 1, f"w{worker}-{n}")
+
+    workers = [asyncio.create_task(reserving(i)) for i in range(8)]
+    try:
+        for i in range(200):  # between the reserves' steps, as another process's writes would come
+            await asyncio.sleep(0)
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('other', ?)", (str(i),))
+            other.execute("COMMIT")
+    finally:
+        stop = True
+        await asyncio.gather(*workers)
+    other.close()
+    await store.close()
+
+
 async def test_a_sqlite_write_that_fails_rolls_back_its_whole_group_and_the_next_one_works(tmp_path: Path) -> None:
     import asyncio
     import sqlite3
