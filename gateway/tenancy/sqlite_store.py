@@ -187,20 +187,42 @@ class SQLiteKeyStore:
         return self._loop_db
 
     async def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        """Queue `body` for this turn's transaction (see `_flush_writes`) and return its result once that
-        transaction is committed; with no file yet, in a transaction of its own on the worker thread."""
-        if self._loop_conn() is None:
+        """`body` in a transaction on the loop's connection. The first write since the last flush is made at once
+        and alone (no wait at all when requests come one at a time); the writes that follow it in the same turn
+        of the event loop are queued for one shared transaction at the next turn (`_flush_writes`), and each
+        returns once that is committed. With no file yet, or a file another process is writing, on the worker
+        thread, which waits for the lock there."""
+        db = self._loop_conn()
+        if db is None:
             return await self._run(self._tx, body)
         loop = asyncio.get_running_loop()
-        if self._queued is None:
-            self._queued = []
-            loop.call_soon(self._flush_writes)
-        write = _Write(body, loop.create_future())
-        self._queued.append(write)
-        return await write.done  # type: ignore[no-any-return]
+        if self._queued is not None:
+            write = _Write(body, loop.create_future())
+            self._queued.append(write)
+            return await write.done  # type: ignore[no-any-return]
+        self._queued = []
+        loop.call_soon(self._flush_writes)
+        try:
+            out = _transaction(db, body)
+        except sqlite3.OperationalError as exc:
+            if not is_locked(exc):
+                self._loop_db = None
+                raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
+        except sqlite3.Error as exc:
+            self._loop_db = None
+            raise StoreUnavailable(f"key store {self.path}: {exc}") from exc
+        else:
+            self._committed()
+            return out
+        return await self._run(self._tx, body)
+
+    def _committed(self) -> None:
+        self._commits += 1
+        if self._commits % CHECKPOINT_EVERY == 0:
+            self._executor.submit(self._checkpoint)
 
     def _flush_writes(self) -> None:
-        """The writes queued in one turn of the event loop, in one transaction on the loop's connection, in one
+        """The writes queued in the last turn of the event loop, in one transaction on the loop's connection, in one
         step (the file's write lock is held only for their statements, never across other work): the reserves
         and settles of requests that arrived together share one BEGIN IMMEDIATE and one commit, which rewrites
         the WAL pages the counters live on once. None returns before the commit; if one fails, all roll back
@@ -237,9 +259,7 @@ class SQLiteKeyStore:
         for w, out in zip(writes, results, strict=True):
             if not w.done.done():
                 w.done.set_result(out)
-        self._commits += 1
-        if self._commits % CHECKPOINT_EVERY == 0:
-            self._executor.submit(self._checkpoint)
+        self._committed()
 
     async def _write_on_worker(self, writes: list[_Write]) -> None:
         try:

@@ -166,8 +166,8 @@ async def test_sqlite_writes_of_one_loop_turn_share_one_commit_and_none_returns_
         seen_by_others.append(int(reader.execute("SELECT count(*) FROM leases").fetchone()[0]))
 
     await asyncio.gather(*(reserve(f"r{i}") for i in range(8)))
-    assert store._commits == commits + 1  # eight reserves, one transaction
-    assert seen_by_others[0] == 9  # the first to return already finds all of them committed
+    assert store._commits == commits + 2  # the first alone, at once; the seven that came in its turn together
+    assert seen_by_others == [2] + [9] * 7  # none of the seven returned before all of them were committed
     reader.close()
     await store.close()
 
@@ -222,11 +222,12 @@ async def test_a_sqlite_write_that_fails_rolls_back_its_whole_group_and_the_next
         db.execute("UPDATE windows SET count = count + 1000")
         raise sqlite3.OperationalError("disk I/O error")
 
-    results = await asyncio.gather(store.reserve("t", Limits.of(policy, 0.0), 1, "mate"), store._write(broken),
+    results = await asyncio.gather(store.reserve("t", Limits.of(policy, 0.0), 1, "alone"),
+                                   store.reserve("t", Limits.of(policy, 0.0), 1, "mate"), store._write(broken),
                                    return_exceptions=True)
-    assert [type(r) for r in results] == [StoreUnavailable, StoreUnavailable]
+    assert [type(r).__name__ for r in results] == ["Decision", "StoreUnavailable", "StoreUnavailable"]
     after = await store.reserve("t", Limits.of(policy, 0.0), 1, "next")
-    assert after.admitted and after.counters.requests == 2  # warm and next: neither the mate nor the +1000 stayed
+    assert after.admitted and after.counters.requests == 3  # warm, alone, next: neither the mate nor the +1000
     await store.close()
 
 
