@@ -232,19 +232,24 @@ class SQLiteKeyStore:
         writes, self._queued = [w for w in self._queued or () if not w.done.done()], None
         if not writes:
             return
-        db = self._loop_conn()
-        try:
-            if db is None:
-                raise sqlite3.OperationalError("database is locked")  # closed meanwhile: the worker thread reopens
-            db.execute("BEGIN IMMEDIATE")  # busy timeout 0: "locked" at once when another connection writes
-        except sqlite3.Error as exc:
-            if isinstance(exc, sqlite3.OperationalError) and is_locked(exc):
-                task = asyncio.ensure_future(self._write_on_worker(writes))
-                self._worker_writes.add(task)
-                task.add_done_callback(self._worker_writes.discard)
-            else:
+        db = self._loop_conn()  # None: closed meanwhile (the worker thread reopens the file)
+        if db is not None:
+            try:
+                db.execute("BEGIN IMMEDIATE")  # busy timeout 0: "locked" at once when another connection writes
+            except sqlite3.OperationalError as exc:
+                if not is_locked(exc):
+                    self._loop_db = None
+                    self._fail(writes, exc)
+                    return
+                db = None
+            except sqlite3.Error as exc:
                 self._loop_db = None
                 self._fail(writes, exc)
+                return
+        if db is None:
+            task = asyncio.ensure_future(self._write_on_worker(writes))
+            self._worker_writes.add(task)
+            task.add_done_callback(self._worker_writes.discard)
             return
         try:
             results = [w.body(db) for w in writes]
@@ -256,9 +261,7 @@ class SQLiteKeyStore:
                 self._loop_db = None
             self._fail(writes, exc)
             return
-        for w, out in zip(writes, results, strict=True):
-            if not w.done.done():
-                w.done.set_result(out)
+        self._deliver(writes, results)
         self._committed()
 
     async def _write_on_worker(self, writes: list[_Write]) -> None:
@@ -267,6 +270,10 @@ class SQLiteKeyStore:
         except Exception as exc:
             self._fail(writes, exc)
             return
+        self._deliver(writes, results)
+
+    @staticmethod
+    def _deliver(writes: list[_Write], results: list[Any]) -> None:
         for w, out in zip(writes, results, strict=True):
             if not w.done.done():
                 w.done.set_result(out)
