@@ -26,6 +26,17 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     return head, await reader.readexactly(length)
 
 
+OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+"""The engine's short answer, keep-alive (HTTP/1.1's default)."""
+
+
+async def request_ok(client: HttptoolsClient, url: str) -> None:
+    """One POST answered "ok", its connection given back for reuse."""
+    resp = await client.request("POST", url + "/", {}, b"{}")
+    assert await resp.read() == b"ok"
+    resp.release()
+
+
 async def serve(handler: Handler) -> tuple[asyncio.Server, str]:
     server = await asyncio.start_server(handler, "127.0.0.1", 0)
     return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
@@ -90,7 +101,7 @@ async def test_a_released_connection_is_reused_and_an_aborted_one_is_not() -> No
         try:
             while True:
                 await read_request(reader)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                writer.write(OK)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
@@ -99,9 +110,7 @@ async def test_a_released_connection_is_reused_and_an_aborted_one_is_not() -> No
     client = HttptoolsClient()
     try:
         for _ in range(3):
-            resp = await client.request("POST", url + "/", {}, b"{}")
-            assert await resp.read() == b"ok"
-            resp.release()
+            await request_ok(client, url)
         assert connections == 1
         resp = await client.request("POST", url + "/", {}, b"{}")
         resp.abort()
@@ -121,7 +130,7 @@ async def test_a_kept_alive_connection_the_engine_closed_is_resent_once() -> Non
         nonlocal requests
         await read_request(reader)
         requests += 1
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        writer.write(OK)
         await writer.drain()
         try:
             await read_request(reader)  # the second request on this connection: closed unanswered
@@ -133,9 +142,7 @@ async def test_a_kept_alive_connection_the_engine_closed_is_resent_once() -> Non
     client = HttptoolsClient(keepalive=60)
     try:
         for _ in range(3):
-            resp = await client.request("POST", url + "/", {}, b"{}")
-            assert await resp.read() == b"ok"
-            resp.release()
+            await request_ok(client, url)
         assert requests == 3
     finally:
         await client.aclose()
@@ -156,7 +163,7 @@ async def test_an_engine_dying_with_every_request_is_disconnected_not_retried_fo
             if not answer:
                 writer.transport.abort()
                 return
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            writer.write(OK)
             await writer.drain()
 
     server, url = await serve(engine)
@@ -167,9 +174,7 @@ async def test_an_engine_dying_with_every_request_is_disconnected_not_retried_fo
             await client.request("POST", url + "/", {}, b"{}")
         assert tries == 1 and "resent" not in str(fresh.value)
         answer = True
-        resp = await client.request("POST", url + "/", {}, b"{}")
-        assert await resp.read() == b"ok"
-        resp.release()  # kept alive
+        await request_ok(client, url)  # kept alive
         answer, tries = False, 0
         with pytest.raises(UpstreamDisconnected, match="resent"):
             await client.request("POST", url + "/", {}, b"{}")
@@ -188,7 +193,7 @@ async def test_a_request_that_kills_the_engine_on_a_kept_alive_connection_is_a_r
         nonlocal served
         await read_request(reader)
         served += 1
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        writer.write(OK)
         await writer.drain()
         await read_request(reader)
         server.close()  # the engine dies with the second request: its port is closed
@@ -197,9 +202,7 @@ async def test_a_request_that_kills_the_engine_on_a_kept_alive_connection_is_a_r
     server, url = await serve(engine)
     client = HttptoolsClient(keepalive=60)
     try:
-        resp = await client.request("POST", url + "/", {}, b"{}")
-        assert await resp.read() == b"ok"
-        resp.release()
+        await request_ok(client, url)
         with pytest.raises(UpstreamDisconnected, match="no longer accepts connections"):
             await client.request("POST", url + "/", {}, b"{}")
         assert served == 1
