@@ -6,6 +6,12 @@ Output is deterministic: completion token i is the word ``tok<i>`` (joined by sp
 completion has min(max_tokens, --tokens) tokens (``ignore_eos`` makes it exactly max_tokens,
 ``min_tokens`` raises it), and prompt tokens are the whitespace-separated words of every
 message's text. Once ready it prints ``emulator ready on http://127.0.0.1:P style=S``.
+
+Resuming (so a cut stream can be continued and line up with the uncut one): a chat request with
+``continue_final_message: true`` continues its last message, which must be the assistant's (else 400;
+an explicit ``add_generation_prompt: true`` with it is vLLM's 400 too): its token i is
+``tok<offset+i>``, offset = the words of that message. A completions prompt whose last word is
+``tok<N>`` continues at ``tok<N+1>``. Usage and ``max_tokens`` count only the new tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import struct
 import subprocess
 import sys
@@ -104,6 +111,28 @@ def token_text(i: int) -> str:
     return f"tok{i}" if i == 0 else f" tok{i}"
 
 
+EMULATED_TOKEN = re.compile(r"tok(\d+)")
+
+
+def continuation_offset(body: Json, chat: bool) -> int:
+    """The index the first new token gets: past the final assistant message (chat's
+    `continue_final_message`) or past a prompt's last ``tok<N>`` word (completions); 0 otherwise."""
+    if not chat:
+        prompt = body.get("prompt")
+        words = prompt.split() if isinstance(prompt, str) else []
+        match = EMULATED_TOKEN.fullmatch(words[-1]) if words else None
+        return int(match.group(1)) + 1 if match else 0
+    if not body.get("continue_final_message"):
+        return 0
+    if body.get("add_generation_prompt") is True:
+        raise BadRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    last = body["messages"][-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        raise BadRequest("continue_final_message is set but the last message is not an assistant message",
+                         param="messages")
+    return count_words(last.get("content"))
+
+
 def _positive_int(body: Json, key: str) -> int | None:
     value = body.get(key)
     if value is None:
@@ -130,6 +159,8 @@ class Plan:
     """The tier the response reports (as OpenAI's: the one it was served at), when the request named one."""
     model: str = ""
     """The name the answer carries (a LoRA adapter's own on vLLM; the served model's otherwise)."""
+    offset: int = 0
+    """The first new token's index (a continued message or prompt): the tokens are tok<offset+i>."""
 
 
 def plan_generation(body: Json, chat: bool, default_tokens: int) -> Plan:
@@ -164,7 +195,7 @@ def plan_generation(body: Json, chat: bool, default_tokens: int) -> Plan:
     tier = body.get("service_tier")
     served = None if not isinstance(tier, str) else "default" if tier == "auto" else tier
     return Plan(prompt_tokens, n, finish, bool(body.get("stream")), bool(options.get("include_usage")), max_tokens, tool,
-                choices, served)
+                choices, served, offset=continuation_offset(body, chat))
 
 
 def usage(prompt: int, completion: int) -> Json:
@@ -489,7 +520,7 @@ class Emulator:
         if cfg.error_after is not None and cfg.error_after < n:
             self.generation_failed = True
             return self.error(500, "injected generation error")
-        text = "".join(token_text(i) for i in range(n))
+        text = "".join(token_text(plan.offset + i) for i in range(n))
         rid, _ = self.ids(chat)
         choice: Json
         if chat and plan.tool is not None:
@@ -571,7 +602,7 @@ class Emulator:
             if i == cfg.malformed_after:
                 await response.write(b'data: {"id": "broken", "choices": [{"delta": {"content": "tok' + style.separator)
             await self.until(start, i)
-            text = token_text(i)
+            text = token_text(plan.offset + i)
             if i == 0:
                 first = time.perf_counter()
                 if chat and style.role_chunk_separate():

@@ -349,3 +349,37 @@ def test_llamacpp_real_build_answers_503_on_models_too() -> None:
         wait_until(lambda: httpx.get(emu.url + "/health").status_code == 503)
         r = httpx.get(emu.url + "/v1/models")
         assert r.status_code == 503 and r.json()["error"]["message"] == "Loading model"
+
+
+def test_continue_final_message_resumes_a_cut_stream() -> None:
+    resumed = {"model": "emulated-model", "continue_final_message": True, "add_generation_prompt": False,
+               "messages": [*CHAT["messages"], {"role": "assistant", "content": "tok0 tok1 tok2"}]}
+    with running_emulator("vllm", "--tokens", "16") as emu:
+        payloads = events(stream_raw(emu, {**resumed, "stream": True, "max_tokens": 3,
+                                           "stream_options": {"include_usage": True}}))
+        assert content_of(payloads) == " tok3 tok4 tok5"
+        assert json.loads(payloads[-3])["choices"][0]["finish_reason"] == "length"
+        assert json.loads(payloads[-2])["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}
+        parts = {"continue_final_message": True,  # add_generation_prompt left out: taken as false
+                 "messages": [*CHAT["messages"],
+                              {"role": "assistant", "content": [{"type": "text", "text": "tok0 tok1"}]}]}
+        whole = httpx.post(emu.url + "/v1/chat/completions", json={**parts, "max_tokens": 2}).json()
+        assert whole["choices"][0]["message"]["content"] == " tok2 tok3"
+        both = httpx.post(emu.url + "/v1/chat/completions", json={**resumed, "add_generation_prompt": True})
+        assert both.status_code == 400
+        assert both.json()["error"]["message"] == \
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        assert both.json()["error"]["param"] is None
+        user_last = httpx.post(emu.url + "/v1/chat/completions", json={**CHAT, "continue_final_message": True})
+        assert user_last.status_code == 400 and user_last.json()["error"]["param"] == "messages"
+
+
+def test_completions_continue_a_prompt_ending_in_emulated_tokens() -> None:
+    with running_emulator("sglang", "--tokens", "16") as emu:
+        body = {"prompt": "Once upon tok0 tok1 tok2", "max_tokens": 3, "stream": True,
+                "stream_options": {"include_usage": True}}
+        payloads = events(stream_raw(emu, body, "/v1/completions"))
+        assert content_of(payloads) == " tok3 tok4 tok5"
+        assert json.loads(payloads[-2])["usage"]["completion_tokens"] == 3
+        comp = httpx.post(emu.url + "/v1/completions", json={"prompt": "say tok9x", "max_tokens": 2}).json()
+        assert comp["choices"][0]["text"] == "tok0 tok1"
