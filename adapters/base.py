@@ -183,6 +183,8 @@ class Adapter(abc.ABC):
     that batch (servers) take many; an in-process model instance generates one at a time."""
     container_image: str | None = None
     """The engine's official container image, for deploy/ (None: the engine runs in the gateway's own)."""
+    continues: bool = False
+    """It continues a final assistant message and a completions prompt (a cut stream can resume)."""
 
     def declare(self, spec: EngineSpec) -> None:
         """Take the engine's declared facts (name, capabilities, concurrency, image) from its spec."""
@@ -190,6 +192,7 @@ class Adapter(abc.ABC):
         self.capabilities = spec.capabilities
         self.default_concurrency = spec.default_concurrency
         self.container_image = spec.container_image
+        self.continues = spec.continues
 
     @abc.abstractmethod
     async def start(self) -> None: ...

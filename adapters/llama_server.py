@@ -399,6 +399,7 @@ def slots_pay(options: Mapping[str, Any]) -> bool:
 SPEC = EngineSpec(
     name="llama_server",
     adapter=LlamaServerAdapter,
+    continues=True,
     capabilities=Capabilities(
         chat=True, completions=True, embeddings=True, tools=True, structured_output=True, logprobs=True,
         image_input=True, audio_input=True,  # with a projector (--mmproj in extra_args); text only without one

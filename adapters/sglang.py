@@ -129,6 +129,7 @@ class SglangServer(EngineServer):
 SPEC = EngineSpec(
     name="sglang",
     adapter=SglangServer,
+    continues=True,
     capabilities=Capabilities(
         chat=True, completions=True, embeddings=True, tools=True, structured_output=True, n_choices=True, logprobs=True, image_input=True, audio_input=True,
     ),

@@ -152,10 +152,14 @@ class EngineSpec:
     local_weights: bool = True
     """False: the model lives elsewhere (an external server), so nothing is resolved or planned."""
     default_concurrency: int = 1
+    """Requests let through to the engine at once; servers that batch take many."""
     priority_options: Mapping[str, Any] = field(default_factory=dict)
     """Options under which the engine schedules by each request's `priority` (lower first); the planner sets
     them for a workload with priority classes, and the gateway then sends each request's tier as `priority`."""
-    """Requests let through to the engine at once; servers that batch take many."""
+    continues: bool = False
+    """Continues a chat's final assistant message (`continue_final_message`, `add_generation_prompt: false`)
+    and a completions prompt as text: the scheduler may cut one of its streams and resume it from the text
+    sent (`scheduler.preempt`)."""
     traces: bool = False
     """Exports its own request spans given `options.otlp_traces_endpoint` (adapters/engine_traces.py), continuing
     the trace of the `traceparent` the gateway sends; the planner turns it on when the gateway traces."""

@@ -218,6 +218,7 @@ def vllm_command(adapter: EngineServer, endpoint: Endpoint) -> Launch:
 SPEC = EngineSpec(
     name="vllm",
     adapter=VllmServer,
+    continues=True,
     capabilities=Capabilities(
         chat=True, completions=True, embeddings=True, responses=True, tools=True, structured_output=True,
         n_choices=True, logprobs=True, image_input=True, audio_input=True,

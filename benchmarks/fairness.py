@@ -44,11 +44,14 @@ from tests.emulators.fixture import running_emulator
 
 SCHEDULERS: dict[str, tuple[SchedulerConfig, int]] = {
     "before": (SchedulerConfig(newcomer_slots=0, max_queue_per_flow=None), 16),
-    "after": (SchedulerConfig(), 256),
+    "after": (SchedulerConfig(preempt=True), 256),
+    "kept": (SchedulerConfig(preempt=False), 256),
     "unkept": (SchedulerConfig(newcomer_slots=0), 256),
 }
-"""`unkept`: the defaults without a kept slot (work-conserving: the flood takes every slot), the other side of
-the trade a kept slot makes."""
+"""`after`: the defaults, with preemption (the default on llama-server, vLLM and SGLang; the emulators stand for
+the last two but are relayed as `engine: openai`, where an operator turns it on); `kept`: a kept slot without
+preemption (issue 38's first step); `unkept`: the defaults without a kept slot (work-conserving: the flood takes
+every slot), the other side of the trade a kept slot makes."""
 ENGINES = ("llama_server", "vllm", "sglang")
 FLOOD_PROMPT = "Write a long story about a lighthouse keeper."
 NEIGHBOUR_PROMPT = "Say hello."

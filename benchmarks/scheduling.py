@@ -66,7 +66,8 @@ class Gateway:
     def use(self, policy: SchedulerConfig, max_queue: int = 16) -> None:
         replica = self.backend.replicas[0]
         assert replica.admission.running == 0 and replica.admission.waiting == 0
-        replica.admission = self.backend.admission = Admission(self.slots, max_queue, policy)
+        preempts = policy.preempt if policy.preempt is not None else replica.adapter.continues
+        replica.admission = self.backend.admission = Admission(self.slots, max_queue, policy, preempts=preempts)
 
     async def chat(self, flow: str, content: str, max_tokens: int) -> Result:
         body = {"model": "smollm", "stream": True, "max_tokens": max_tokens, "temperature": 0,

@@ -104,6 +104,12 @@ class SchedulerConfig(BaseModel):
     flow_window_seconds: float = Field(default=60.0, gt=0)
     """How long a flow counts as active on a replica after its last request arrived or ended (for
     newcomer_slots); when it lapses, a slot kept for it goes to a waiter at once."""
+    preempt: bool | None = None
+    """Lets a flow's stream take a slot kept for newcomers while none waits, and takes it back when one
+    comes: the stream is cut and resumed on the next free slot from the text it has sent (the prompt plus
+    that text, the remaining max_tokens), spliced into the same client stream. Only streams a resume
+    cannot change (docs/scheduling.md#preemption); None: on where the engine continues a final assistant
+    message (llama-server, vLLM, SGLang), off for any other upstream."""
     prefill_budget_tokens: int | None = Field(default=None, ge=1)
     """Prompt tokens a replica may be prefilling at once (admitted, first token not yet sent); a request
     that would exceed it waits while shorter ones start, until they add up to the budget: then it has

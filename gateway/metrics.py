@@ -285,6 +285,12 @@ class GatewayMetrics:
             "class (a flex request gave its place to a higher tier), queue_full, deadline (504).",
             ["model", "reason"], registry=r,
         )
+        self.preemptions = Counter(
+            "enginegate_scheduler_preemptions",
+            "Streams cut to give a kept slot back to a newcomer and resumed on the next free slot "
+            "(scheduler.preempt).",
+            ["model"], registry=r,
+        )
         self.queue_waiting = Gauge(
             "enginegate_queue_waiting", "Requests waiting for a free engine slot.", ["model"], registry=r
         )
@@ -462,6 +468,7 @@ class GatewayMetrics:
                 self.tier_waiting.labels(model, tier)
             for reason in REFUSAL_REASONS:
                 self.refusals.labels(model, reason)
+            self.preemptions.labels(model)
             for route in GENERATION_ROUTES:
                 self.requests.labels(route, model, "200")
                 self.request_duration.labels(route, model)

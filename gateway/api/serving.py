@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
@@ -32,11 +33,14 @@ from gateway.api.validate import check_output_limits
 from gateway.drain import SHUTTING_DOWN, Drain
 from gateway.metrics import GatewayMetrics, request_id, set_model_label
 from gateway.identity import caller_of
+from gateway.api import resume
 from gateway.api.fanout import Call
+from gateway.api.resume import Held
 from gateway.api.scheduling import observe_wait, refused, request_demand, with_engine_priority, within_ceiling
 from gateway.routing import Backend, DeadlineExceeded, Lease, ModelUnavailable, QueueFull, Refusal, Replica, RouteKey
 from gateway.routing.health import is_retryable
 from gateway.cache_routing.blocks import chain, prompt_text
+from gateway.preemption import resumable
 from gateway.request_view import RequestView, view_of
 from gateway.routing.route_key import route_key
 from gateway.scheduling import Demand
@@ -315,6 +319,8 @@ async def generate(
     run = call or (lambda adapter: lambda b, c: OPERATIONS[operation](adapter, b, c))
     demand = request_demand(request, body, view)  # a header it cannot read is the client's 400, before any limit is spent
     body = within_ceiling(body, demand, caller_of(request.scope))
+    if call is None and any(r.admission.preempts for r in backend.replicas) and resumable(operation, body):
+        demand = dataclasses.replace(demand, preemptible=True)
     ticket = await reserve_limits(request, backend, view, facts)
     route = request_route(request, backend, view, body)
     watch = ClientWatch(request.receive)  # the work runs in this task; the client leaving cancels it
@@ -336,8 +342,11 @@ async def generate(
         facts = request_facts(request.scope)
         if not isinstance(result, Completion):
             streaming = True  # the watch goes on with the stream, which stops it
-            sse = _sse(TimedStream(result, request_timing(request.scope)), backend, lease, m, arrived, dialect.writer(),
-                       drain, ticket, attempt, facts)
+            held = Held(lease, attempt)
+            if demand.preemptible and lease.replica.admission.preempts:
+                result = _resumable(request, backend, operation, run, body, ctx, route, demand, arrived, result, held)
+            sse = _sse(TimedStream(result, request_timing(request.scope)), backend, held, m, arrived, dialect.writer(),
+                       drain, ticket, facts)
             return EventStream(sse, watch)
     except ClientGone:
         gone = request_facts(request.scope)
@@ -443,16 +452,32 @@ async def _admitted_call(
             raise
 
 
+def _resumable(request: Request, backend: Backend, operation: Operation, run: Callable[[Adapter], Call],
+               body: dict[str, Any], ctx: RequestContext, route: RouteKey | None, demand: Demand, arrived: float,
+               events: AsyncIterator[StreamEvent], held: Held) -> AsyncIterator[StreamEvent]:
+    """The stream, resumed on a fresh slot (first of its flow) when the scheduler preempts it. A stream is cut
+    at most once: a neighbour's requests cost a flood at most one more prefill per stream."""
+    async def again(resumed: dict[str, Any], added: int) -> tuple[Lease, ChatResult, spans.Attempt | None]:
+        again_demand = dataclasses.replace(demand, resumed=True, preemptible=False, deadline=None,
+                                           prompt_tokens=demand.prompt_tokens + added)
+        return await _admitted_call(request, backend, operation, run, resumed, ctx, route, again_demand, arrived)
+
+    def preempted() -> None:
+        metrics(request).preemptions.labels(backend.model_id).inc()
+        log.info("a %s stream gave its slot to a newcomer; it resumes on the next free one", backend.model_id)
+
+    return resume.resumable(events, held, operation, body, again, preempted)
+
+
 async def _sse(
     events: AsyncIterator[StreamEvent],
     backend: Backend,
-    lease: Lease,
+    segment: Held,
     m: GatewayMetrics,
     arrived: float,
     writer: StreamWriter = CHAT_WRITER,
     drain: Drain | None = None,
     ticket: Ticket | None = None,
-    attempt: spans.Attempt | None = None,
     facts: RequestFacts | None = None,
 ) -> AsyncIterator[bytes]:
     first_at: float | None = None
@@ -474,10 +499,10 @@ async def _sse(
                     now = time.perf_counter()
                     if first_at is None:
                         first_at = now
-                        lease.prefilled()
+                        segment.lease.prefilled()
                         m.ttft.labels(backend.model_id, backend.engine).observe(first_at - arrived)
-                        if attempt is not None:
-                            attempt.first_token(first_at)
+                        if segment.attempt is not None:
+                            segment.attempt.first_token(first_at)
                             response_model = chunk_model(event.data) if event.data else None
                     else:
                         m.itl.labels(backend.model_id, backend.engine).observe(now - last_at)
@@ -527,10 +552,10 @@ async def _sse(
     finally:
         drain.unregister(guarded)
         await events.aclose()  # type: ignore[attr-defined]
-        lease.report(usage)
-        lease.release(failure)
-        if attempt is not None:
-            attempt.stream_ended(usage, finish_reason, response_model, ended, failure)
+        segment.lease.report(usage)
+        segment.lease.release(failure)
+        if segment.attempt is not None:
+            segment.attempt.stream_ended(usage, finish_reason, response_model, ended, failure)
         if not ended:
             m.disconnects.labels(backend.model_id, backend.engine).inc()
             log.info("client disconnected from a %s stream; generation cancelled", backend.model_id)

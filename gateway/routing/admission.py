@@ -8,6 +8,12 @@ answers 429 with Retry-After). A waiter whose deadline passes leaves with `Deadl
 (504); one whose client gives up (its task is cancelled) leaves at once. `concurrency=None` is
 no gateway cap at all (an external URL that queues on its own); `resize()` follows the capacity
 the engine reports after it started (llama-server's slots).
+
+Preemption (`preempts`): a preemptible stream may take a slot kept for newcomers while no waiter of
+another flow could have it; when such a waiter arrives, the newest borrower is marked `preempted` and
+its slot goes to the arrival at once. The borrower's stream sees the mark at its next event, closes its
+engine request and asks for a slot again as `resumed` (gateway/api/resume.py); its release then counts
+nothing, since the slot was handed over when it was marked.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from dataclasses import dataclass, field
 
 from gateway.config import SchedulerConfig
 from gateway.identity import ServiceTier
-from gateway.scheduling import Block, Demand, FairQueue, FlowWindow, Occupancy, Refused, Waiter, blocked
+from gateway.scheduling import (Block, Demand, FairQueue, FlowWindow, Occupancy, Refused, Waiter, blocked, borrows,
+                                may_preempt_for)
+from gateway.scheduling.slots import kept_from
 
 
 class QueueFull(Exception):
@@ -47,10 +55,15 @@ class Ticket:
     prefilling: bool = False
     waited: float = 0.0
     """Seconds it spent in the queue."""
+    produced: bool = False
+    """Its first token came."""
+    preempted: bool = False
+    """Its slot was handed to a newcomer: its stream stops at its next event and asks again (resumed)."""
 
 
 class Admission:
-    def __init__(self, concurrency: int | None = 1, max_queue: int = 16, policy: SchedulerConfig | None = None) -> None:
+    def __init__(self, concurrency: int | None = 1, max_queue: int = 16, policy: SchedulerConfig | None = None,
+                 preempts: bool = False) -> None:
         self.concurrency = concurrency
         self.max_queue = max_queue
         self.policy = policy or SchedulerConfig()
@@ -59,6 +72,11 @@ class Admission:
         self._running_by_flow: collections.Counter[str] = collections.Counter()
         self._recent = FlowWindow(self.policy.flow_window_seconds)
         """Flows that used this replica lately (loop time): newcomer slots are kept only when several did."""
+        self.preempts = preempts and self.fair and bool(self.policy.newcomer_slots)
+        """Preemptible streams borrow kept slots and give them back to newcomers (see the module's docstring)."""
+        self.preemptions = 0
+        self._borrowers: dict[Ticket, None] = {}
+        """Running preemptible tickets, oldest start first."""
         self._recheck: asyncio.TimerHandle | None = None
         """Re-evaluates the queue when the oldest flow leaves the window (a kept slot may be free to hand out)."""
         fair = self.fair  # under fifo every request is one flow of one tier: no per-flow bound, no aging
@@ -92,8 +110,19 @@ class Admission:
         return self._blocked(demand) is None
 
     def _blocked(self, demand: Demand) -> Block | None:
-        return blocked(demand, Occupancy(self.concurrency, self.running, self._running_by_flow[demand.flow],
-                                         self.prefill_tokens, len(self._recent)), self.policy)
+        borrow = self.preempts and demand.preemptible
+        at = Occupancy(self.concurrency, self.running, self._running_by_flow[demand.flow], self.prefill_tokens,
+                       len(self._recent), borrow)
+        why = blocked(demand, at, self.policy)
+        if why is None and borrow and kept_from(at, self.policy.newcomer_slots) and self._contested(demand.flow):
+            return "kept"  # another flow's waiter may have the kept slot: nobody borrows it from under it
+        return why
+
+    def _contested(self, flow: str) -> bool:
+        """A waiter of another flow that the kept rule lets start (a flow below its share) is waiting."""
+        kept, recent = self.policy.newcomer_slots, len(self._recent)
+        return any(not kept_from(Occupancy(self.concurrency, self.running, self._running_by_flow[f], 0, recent), kept)
+                   for f in self._queue.waiting_flows() if f != flow)
 
     async def acquire(self, demand: Demand | None = None) -> Ticket:
         loop = asyncio.get_running_loop()
@@ -116,6 +145,8 @@ class Admission:
         deadline = ticket.demand.deadline
         timer = loop.call_at(deadline, self._expire, waiter) if deadline is not None else None
         self._wake()
+        if self.preempts and not future.done():
+            self._preempt_for(waiter)
         try:
             await future  # _wake counts us as running before it wakes us
         except BaseException:
@@ -132,6 +163,9 @@ class Admission:
 
     def release(self, ticket: Ticket | None = None) -> None:
         ticket = ticket or Ticket(self._keyed(Demand()))
+        if ticket.preempted:
+            return  # its slot went to the newcomer it was preempted for
+        self._borrowers.pop(ticket, None)
         self.running -= 1
         flow = ticket.demand.flow
         self._running_by_flow[flow] -= 1
@@ -143,9 +177,14 @@ class Admission:
 
     def prefilled(self, ticket: Ticket) -> None:
         """The request's first token came: its prompt no longer counts against the prefill budget."""
+        ticket.produced = True
         if ticket.prefilling:
             self._end_prefill(ticket)
             self._wake()
+
+    def pin(self, ticket: Ticket) -> None:
+        """The ticket's stream cannot be resumed any more: it is no longer a candidate for preemption."""
+        self._borrowers.pop(ticket, None)
 
     def resize(self, concurrency: int | None) -> None:
         self.concurrency = concurrency
@@ -169,6 +208,8 @@ class Admission:
     def _start(self, ticket: Ticket) -> None:
         self.running += 1
         self._running_by_flow[ticket.demand.flow] += 1
+        if self.preempts and ticket.demand.preemptible:
+            self._borrowers[ticket] = None
         if ticket.demand.prompt_tokens:
             ticket.prefilling = True
             self.prefill_tokens += ticket.demand.prompt_tokens
@@ -189,6 +230,36 @@ class Admission:
                 self._start(ticket)
                 future.set_result(None)
         self._arm()
+
+    def _preempt_for(self, waiter: Waiter) -> None:
+        """Hand `waiter` a slot borrowed by another flow's stream, when the kept rule would let it have one:
+        the newest borrower that has produced a token (else the newest), of the flow running most per weight."""
+        demand = waiter.demand
+        kept, recent = self.policy.newcomer_slots, len(self._recent)
+        if not may_preempt_for(Occupancy(self.concurrency, self.running, self._running_by_flow[demand.flow], 0,
+                                         recent), kept):
+            return
+        candidates = [t for t in self._borrowers if t.demand.flow != demand.flow and borrows(
+            Occupancy(self.concurrency, self.running, self._running_by_flow[t.demand.flow], 0, recent), kept)]
+        if not candidates:
+            return
+        victim = max(reversed(candidates), key=lambda t: (
+            self._running_by_flow[t.demand.flow] / t.demand.weight, t.produced))
+        freed = victim.demand.prompt_tokens if victim.prefilling else 0
+        at = Occupancy(self.concurrency, self.running - 1, self._running_by_flow[demand.flow],
+                       self.prefill_tokens - freed, recent)
+        if blocked(demand, at, self.policy) is not None:
+            return  # the prefill budget holds it even with the slot
+        del self._borrowers[victim]
+        self.running -= 1
+        self._running_by_flow[victim.demand.flow] -= 1
+        self._end_prefill(victim)
+        victim.preempted = True
+        self.preemptions += 1
+        future, ticket = _parts(waiter)
+        self._queue.remove(waiter)
+        self._start(ticket)
+        future.set_result(None)
 
     def _arm(self) -> None:
         """While requests wait and several flows share the window, re-evaluate when the oldest leaves it:

@@ -139,6 +139,11 @@ class Lease:
         if self.placement is not None and self.replica.cache is not None:
             self.replica.cache.first_token(self.placement)
 
+    def pin(self) -> None:
+        """Its stream can no longer be resumed: the scheduler must not preempt it."""
+        if self.ticket is not None and not self.released:
+            self.replica.admission.pin(self.ticket)
+
     def report(self, usage: Usage | None) -> None:
         """The engine's usage for the request: what it reused of the prompt corrects the router's index."""
         if self.placement is not None and self.replica.cache is not None:

@@ -70,8 +70,9 @@ def instances(config: ModelConfig, engine: str, options: Mapping[str, Any], user
 
 
 def admission_for(instance: Instance, default_concurrency: int, max_queue: int,
-                  policy: SchedulerConfig | None = None) -> tuple[Admission, str]:
-    """The instance's admission and where its slot count came from."""
+                  policy: SchedulerConfig | None = None, continues: bool = False) -> tuple[Admission, str]:
+    """The instance's admission and where its slot count came from; `continues`: the engine can resume a
+    cut stream from its text (preemption's default)."""
     slots = capacity.configured(instance.engine, instance.options, default_concurrency, instance.user)
     if instance.user.get("max_concurrency"):
         source = "user"
@@ -81,7 +82,8 @@ def admission_for(instance: Instance, default_concurrency: int, max_queue: int,
         source = "none"
     else:
         source = "engine default"
-    return Admission(slots, max_queue, policy), source
+    preempt = policy.preempt if policy is not None else None
+    return Admission(slots, max_queue, policy, preempts=continues if preempt is None else preempt), source
 
 
 def build(found: list[Instance], create: Callable[[Instance], Adapter], config: ModelConfig) -> list[Replica]:
@@ -89,7 +91,8 @@ def build(found: list[Instance], create: Callable[[Instance], Adapter], config: 
     replicas: list[Replica] = []
     for n, instance in enumerate(found):
         adapter = create(instance)
-        admission, source = admission_for(instance, adapter.default_concurrency, config.max_queue, config.scheduler)
+        admission, source = admission_for(instance, adapter.default_concurrency, config.max_queue, config.scheduler,
+                                          adapter.continues)
         replicas.append(Replica(adapter, admission, name=str(n), capacity_from=source,
                                 breaker=Breaker(routing.failure_threshold, routing.open_seconds)))
     return replicas

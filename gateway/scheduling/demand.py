@@ -22,3 +22,7 @@ class Demand:
     """The prompt's length (estimated before the engine sees it)."""
     deadline: float | None = None
     """Event-loop time by which the request must have left the queue; None: no deadline."""
+    preemptible: bool = False
+    """A stream the gateway can cut and resume from its text (gateway/preemption): it may borrow a kept slot."""
+    resumed: bool = False
+    """A preempted stream waiting to go on: first of its flow, never bounded, displaced or timed out."""

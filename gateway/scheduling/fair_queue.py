@@ -100,6 +100,9 @@ class FairQueue:
     def waiting_of(self, flow: str) -> int:
         return self._per_flow[flow]
 
+    def waiting_flows(self) -> collections.abc.KeysView[str]:
+        return self._per_flow.keys()
+
     @property
     def flows(self) -> int:
         """Flows with at least one waiter."""
@@ -107,7 +110,9 @@ class FairQueue:
 
     def push(self, demand: Demand, now: float, token: object = None) -> tuple[Waiter, Waiter | None]:
         """Queue `demand`; returns its waiter and the waiter it displaced (the caller refuses that one),
-        or raises Refused."""
+        or raises Refused. A resumed stream (`demand.resumed`) goes first in its flow, past every bound."""
+        if demand.resumed:
+            return self._push_first(demand, now, token), None
         if self.max_per_flow is not None and self._per_flow[demand.flow] >= self.max_per_flow:
             raise Refused("flow_bound", f"this client already has {self.max_per_flow} requests waiting "
                                         f"(the per-client queue bound)")
@@ -126,19 +131,39 @@ class FairQueue:
         self._size += 1
         return waiter, displaced
 
+    def _push_first(self, demand: Demand, now: float, token: object) -> Waiter:
+        """A preempted stream was admitted once: it goes on before its flow's waiters, with the tag of the
+        flow's head (or the next tag when none waits), and no bound refuses it."""
+        tier = self._tiers[demand.tier]
+        queue = tier.flows.setdefault(demand.flow, collections.deque())
+        if queue:
+            finish = queue[0].finish
+        else:
+            finish = max(tier.virtual, tier.last_finish.get(demand.flow, 0.0)) + 1.0 / demand.weight
+            tier.last_finish[demand.flow] = finish
+        waiter = Waiter(demand, now, next(self._seq), finish, token)
+        queue.appendleft(waiter)
+        self._per_flow[demand.flow] += 1
+        self._size += 1
+        return waiter
+
     def reason_displaced(self, displaced: Waiter, arrival: Demand) -> RefusalReason:
         return "class" if RANK[displaced.demand.tier] > RANK[arrival.tier] else "flow_share"
 
     def _victim(self, arrival: Demand) -> Waiter | None:
         flex = self._tiers["flex"]
         if arrival.tier != "flex" and flex.flows:
-            return self._newest_of_longest(flex.flows.values())
+            newest = self._newest_of_longest(flex.flows.values())
+            if not newest.demand.resumed:  # only a flow's first waiter can be a resumed stream: never displaced
+                return newest
         arriving = (self._per_flow[arrival.flow] + 1) / arrival.weight
         # the most-waiting flow among those in the arrival's tier or below (a burst never displaces a higher class)
         queues = [q for tier in TIERS[RANK[arrival.tier]:] for q in self._tiers[tier].flows.values()]
         if not queues:
             return None
         victim = self._newest_of_longest(queues)
+        if victim.demand.resumed:
+            return None
         if self._per_flow[victim.demand.flow] / victim.demand.weight > arriving:
             return victim
         return None

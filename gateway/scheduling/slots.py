@@ -31,6 +31,8 @@ class Occupancy:
     """Prompt tokens admitted whose first token has not come."""
     recent_flows: int = 1
     """Flows that used the replica within the window (the kept slots exist when more than one did)."""
+    preempts: bool = False
+    """The replica takes a kept slot back from a preemptible stream that borrowed it (`scheduler.preempt`)."""
 
 
 def blocked(demand: Demand, at: Occupancy, policy: SchedulerConfig) -> Block | None:
@@ -41,8 +43,8 @@ def blocked(demand: Demand, at: Occupancy, policy: SchedulerConfig) -> Block | N
         return "slots"
     if policy.policy != "fair":
         return None
-    if kept_from(at, policy.newcomer_slots):
-        return "kept"
+    if kept_from(at, policy.newcomer_slots) and not (at.preempts and demand.preemptible):
+        return "kept"  # a preemptible stream borrows the kept slot: preempted when a newcomer comes
     budget = policy.prefill_budget_tokens
     if budget and at.prefill_tokens > 0 and at.prefill_tokens + demand.prompt_tokens > budget:
         return "budget"  # one alone always starts, whatever its length
@@ -58,6 +60,20 @@ def kept_from(at: Occupancy, kept: int) -> bool:
     if not kept or at.recent_flows < 2 or at.concurrency is None or at.concurrency < 2:
         return False
     return at.running >= at.concurrency - kept and at.running_of_flow >= max(1.0, at.concurrency / at.recent_flows)
+
+
+def borrows(at: Occupancy, kept: int) -> bool:
+    """Whether one of the running requests of a flow (`at.running_of_flow` of them) holds a slot the kept
+    rule would have refused it: without that request, the flow would still be held off the last slot."""
+    if at.running_of_flow < 1:
+        return False
+    return kept_from(Occupancy(at.concurrency, at.running - 1, at.running_of_flow - 1, 0, at.recent_flows), kept)
+
+
+def may_preempt_for(at: Occupancy, kept: int) -> bool:
+    """Whether a waiting flow (`at.running_of_flow` running) may have a borrowed slot back: with one request
+    fewer running, the kept rule would let it start."""
+    return not kept_from(Occupancy(at.concurrency, at.running - 1, at.running_of_flow, 0, at.recent_flows), kept)
 
 
 @dataclass(slots=True)

@@ -1,12 +1,15 @@
 """Issue 38, item 1, against real processes: `enginegate serve` as a subprocess in front of a real
 llama-server with 2 slots (the embedded SmolLM2), the scheduler's defaults.
 
-team-a floods 40 long streams; team-b, which used the gateway before, sends one short request. Before,
-both slots went to the flood (the kept slot needed 4 slots per kept slot) and team-b waited for one
-of team-a's streams to end, and the single queue of 16 refused 23 of team-a's 40 with 429. Now the
-flood holds one slot, team-b's request starts in the other, and team-a's excess waits in its own queue.
-No wall-clock bound here: team-b's first token must come before any of team-a's 400-token streams ends
-(a ratio of work, not of time); the TTFT ratios are the benchmark's (benchmarks/fairness.py).
+team-a floods 40 long streams; team-b, which used the gateway before, sends one short request. Before
+issue 38, both slots went to the flood and team-b waited for one of team-a's streams to end, and the
+single queue of 16 refused 23 of team-a's 40 with 429. Now the flood holds both slots, one borrowed
+from team-b (llama-server continues a final assistant message, so preemption is on by default);
+team-b's request takes it back at once, the cut stream resumes after it, and team-a's excess waits in
+its own queue. No wall-clock bound here: team-b's first token must come before any of team-a's
+400-token streams ends (a ratio of work, not of time); the TTFT ratios are the benchmark's
+(benchmarks/fairness.py). A cut stream reaches its client whole: one id, one role, its max_tokens
+exactly, one finish, [DONE].
 
 Faults: team-a's client gives up (its queued requests leave the queue, the engine's slots free);
 the engine is killed mid-flood (team-b gets a clean error, never a hang, and its next request is
@@ -25,6 +28,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from adapters.llama_server import find_llama_server
@@ -109,13 +113,13 @@ async def flood(http: httpx.AsyncClient, gw: RunningGateway) -> tuple[list[Strea
     tasks = [asyncio.create_task(long_stream(http, gw.url, s)) for s in streams]
 
     async def queued() -> bool:
-        return await scrape(http, gw, "enginegate_queue_waiting") == FLOOD - 1
+        return await scrape(http, gw, "enginegate_queue_waiting") == FLOOD - 2
 
     async def streaming() -> bool:
-        return any(s.first is not None for s in streams)
+        return sum(s.first is not None for s in streams) == 2
 
-    await until(queued, "team-a's excess queued behind the one slot it holds", HANG_S)
-    await until(streaming, "team-a's running stream under way", HANG_S)
+    await until(queued, "team-a's excess queued behind the two slots it holds", HANG_S)
+    await until(streaming, "team-a's running streams under way", HANG_S)
     return streams, tasks
 
 
@@ -129,13 +133,14 @@ async def engine(http: httpx.AsyncClient, gw: RunningGateway) -> dict[str, Any]:
     return (await http.get(gw.url + "/admin/engines", timeout=10)).json()[MODEL]  # type: ignore[no-any-return]
 
 
-async def test_the_flood_queues_and_its_neighbour_starts_in_the_kept_slot(two_slots: RunningGateway) -> None:
+async def test_the_flood_queues_and_its_neighbour_takes_the_borrowed_slot_back(two_slots: RunningGateway) -> None:
     gw = two_slots
     client = neighbour(gw)
     async with httpx.AsyncClient(timeout=httpx.Timeout(HANG_S)) as http:
-        await short(client)  # team-b has used the replica: the flood keeps a slot for it
-        streams, tasks = await flood(http, gw)  # one of 40 running, 39 waiting: none refused
-        assert await scrape(http, gw, "enginegate_generations_running") == 1
+        await short(client)  # team-b has used the replica: a slot is kept for it, which the flood borrows
+        preempted = await scrape(http, gw, "enginegate_scheduler_preemptions_total")
+        streams, tasks = await flood(http, gw)  # two of 40 running, 38 waiting: none refused
+        assert await scrape(http, gw, "enginegate_generations_running") == 2
         sent = time.monotonic()
         first, text = await short(client)
         assert text
@@ -145,7 +150,9 @@ async def test_the_flood_queues_and_its_neighbour_starts_in_the_kept_slot(two_sl
         assert sum(s.first is not None and sent < s.first < first for s in streams) == 0  # the backlog stayed queued
         refusals = (await http.get(gw.url + "/v1/gateway/stats")).json()["models"][MODEL]["scheduler"]["refusals"]
         assert sum(refusals.values()) == 0
-        # team-a gives up: its queued requests leave the queue and the engine's slots free
+        assert await scrape(http, gw, "enginegate_scheduler_preemptions_total") == preempted + 1
+        # team-a gives up (the cut stream waiting to resume among them): its queued requests leave the queue
+        # and the engine's slots free
         await give_up(tasks)
 
         async def drained() -> bool:
@@ -154,6 +161,50 @@ async def test_the_flood_queues_and_its_neighbour_starts_in_the_kept_slot(two_sl
 
         await until(drained, "team-a's requests gone from the queue and the engine", HANG_S)
         assert (await short(client))[1]
+
+
+async def test_a_cut_stream_reaches_its_client_whole(two_slots: RunningGateway) -> None:
+    gw = two_slots
+    client = neighbour(gw)
+    tokens = 64
+    body = {"model": MODEL, "stream": True, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]}
+
+    async def one(out: Stream) -> None:
+        async with http.stream("POST", gw.url + "/v1/chat/completions", json=body, headers={FLOW: "team-a"}) as r:
+            out.status = r.status_code
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    out.lines.append(line[6:])
+                    if out.first is None and '"content":"' in line and '"content":""' not in line:
+                        out.first = time.monotonic()
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(HANG_S)) as http:
+        await short(client)
+        preempted = await scrape(http, gw, "enginegate_scheduler_preemptions_total")
+        a = [Stream(), Stream()]
+        tasks = [asyncio.create_task(one(s)) for s in a]
+
+        async def streaming() -> bool:
+            return all(s.first is not None for s in a)
+
+        await until(streaming, "team-a's two streams under way", HANG_S)
+        assert (await short(client))[1]
+        await asyncio.gather(*tasks)
+        assert await scrape(http, gw, "enginegate_scheduler_preemptions_total") == preempted + 1
+    for s in a:
+        assert s.status == 200 and s.lines[-1] == "[DONE]"
+        chunks = [orjson.loads(line) for line in s.lines[:-1]]
+        assert not [c for c in chunks if "error" in c]
+        assert len({c["id"] for c in chunks}) == 1
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        assert sum("role" in d for d in deltas) == 1
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]] \
+            == ["length"]
+        usage = chunks[-1]["usage"]
+        assert usage["completion_tokens"] == tokens  # the resume asked for what was left, no more
+        assert "".join(d.get("content") or "" for d in deltas).strip()
 
 
 async def test_the_engine_killed_mid_flood_gives_the_neighbour_an_error_never_a_hang(two_slots: RunningGateway) -> None:

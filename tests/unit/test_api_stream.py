@@ -68,6 +68,7 @@ def test_metrics_count_requests_tokens_and_ttft() -> None:
 
 async def test_closing_the_sse_stream_early_closes_the_adapter_stream_and_counts_a_disconnect() -> None:
     from adapters.base import RequestContext
+    from gateway.api.resume import Held
     from gateway.api.serving import _sse
     from gateway.drain import Drain
     from gateway.metrics import GatewayMetrics
@@ -78,7 +79,7 @@ async def test_closing_the_sse_stream_early_closes_the_adapter_stream_and_counts
     lease = await backend.acquire()
     m = GatewayMetrics()
     events = await adapter.chat({**CHAT, "messages": [{"role": "user", "content": "a b c d e f"}]}, RequestContext("r", "echo"))
-    sse = _sse(events, backend, lease, m, 0.0, drain=Drain(grace=1.0))  # type: ignore[arg-type]
+    sse = _sse(events, backend, Held(lease), m, 0.0, drain=Drain(grace=1.0))  # type: ignore[arg-type]
     assert (await sse.__anext__()).startswith(b"data: ")
     assert (await sse.__anext__()).startswith(b"data: ")
     await sse.aclose()  # what Starlette does when the client goes away

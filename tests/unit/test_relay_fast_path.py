@@ -16,6 +16,7 @@ from gateway.api import chat, completions, embeddings, messages, responses
 from gateway.api.disconnect import ClientWatch
 from gateway.api.errors import APIError
 from gateway.api.hot_routes import exception_handler
+from gateway.api.resume import Held
 from gateway.api.serving import _sse
 from gateway.app import create_app
 from gateway.config import Settings
@@ -90,7 +91,7 @@ async def test_events_of_one_read_leave_in_one_write_and_others_alone() -> None:
     adapter = EchoAdapter()
     backend = Backend(model_id="echo", adapter=adapter, admission=Admission(1, 0))
     lease = await backend.acquire()
-    out = [chunk async for chunk in _sse(upstream(), backend, lease, GatewayMetrics(), 0.0, drain=Drain(grace=1.0))]
+    out = [chunk async for chunk in _sse(upstream(), backend, Held(lease), GatewayMetrics(), 0.0, drain=Drain(grace=1.0))]
     assert out == [b'data: {"a":1}\n\ndata: {"b":2}\n\n', b'data: {"c":3}\n\n', b"data: [DONE]\n\n"]
 
 

@@ -410,6 +410,7 @@ async def test_a_client_leaving_a_translated_stream_cancels_the_generation_and_s
     from adapters.base import RequestContext
     from gateway.api.messages_translate import MessagesWriter
     from gateway.api.responses_translate import ResponseShell, ResponsesRequest, ResponsesWriter
+    from gateway.api.resume import Held
     from gateway.api.serving import _sse
     from gateway.metrics import GatewayMetrics
     from gateway.routing import Admission, Backend
@@ -427,7 +428,7 @@ async def test_a_client_leaving_a_translated_stream_cancels_the_generation_and_s
         m = GatewayMetrics()
         body = {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "a b c d e f"}]}
         events = await adapter.chat(body, RequestContext("r", "echo", include_usage=True))
-        sse_stream = _sse(events, backend, lease, m, 0.0, writer)  # type: ignore[arg-type]
+        sse_stream = _sse(events, backend, Held(lease), m, 0.0, writer)  # type: ignore[arg-type]
         first = await sse_stream.__anext__()
         assert first.startswith(b"event: ")
         await sse_stream.__anext__()
