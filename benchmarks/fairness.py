@@ -1,8 +1,8 @@
-"""A flooded neighbour, on llama-server with 2 slots (no preemption) and on the vLLM and SGLang emulators
-(issue 38, item 1), in one run.
+"""A flooded neighbour, on llama-server with 2 slots and on the vLLM and SGLang emulators (issue 38, item 1),
+in one run.
 
     python -m benchmarks.fairness [--engines llama_server,vllm,sglang] [--floods 12,40] [--tokens 48]
-                                  [--rounds 2] [--threads 1] [--baseline before|unkept]
+                                  [--rounds 2] [--threads 1] [--baseline before[,kept|unkept]]
 
 For each engine, one engine process behind one gateway (create_app in this process): llama-server (the
 embedded SmolLM2, `--slots` slots, default 2), or an engine emulator (tests/emulators: `--parallel
@@ -10,8 +10,8 @@ embedded SmolLM2, `--slots` slots, default 2), or an engine emulator (tests/emul
 with its slots as a GPU engine's batch does, where llama-server on this CPU makes about as many tokens/s
 with 1 slot as with 2) relayed as `engine: openai` with the gateway's admission at `--slots`. For each
 flood size, each scheduler runs in the order baseline, after, after, baseline (`--rounds 2`; 1:
-baseline, after), so a machine that drifts counts for both; each run replaces the replica's admission
-while the gateway is idle (a fresh one: no flow in its window), so every run meets the same engine
+baseline, after; with two baselines: b1, b2, after, after, b2, b1), so a machine that drifts counts for
+all; each run replaces the replica's admission while the gateway is idle (a fresh one: no flow in its window), so every run meets the same engine
 process and the same gateway:
 
 1. team-a alone: `N` streams of `--tokens` tokens at once; its tokens/s over its served streams;
@@ -23,8 +23,9 @@ process and the same gateway:
 
 Schedulers: `before` is the gateway as it was (`newcomer_slots` kept none on 2 slots; one queue
 of 16 for all flows: `scheduler: {newcomer_slots: 0, max_queue_per_flow: null}`, `max_queue: 16`);
-`after` the defaults now (a kept slot on any replica of 2 or more; each flow's own queue of 64,
-`max_queue` 256); `unkept` (`--baseline unkept`) the defaults without the kept slot. The ratios are the
+`after` the defaults now (a kept slot on any replica of 2 or more, which a resumable stream borrows and gives
+back to a newcomer by preemption; each flow's own queue of 64, `max_queue` 256); `kept` the kept slot
+without preemption (issue 38's first step); `unkept` the defaults without the kept slot. The ratios are the
 figures: the machine is shared and its absolute speed drifts.
 """
 
@@ -116,9 +117,9 @@ def ratio(run: Run) -> float:
 
 async def bench(gw: Gateway, engine: str, args: argparse.Namespace,
                 results: dict[tuple[str, int, str], list[Run]]) -> None:
-    order = ["before", "after", "after", "before"][: 2 * args.rounds] if args.rounds <= 2 else \
-        ["before", "after"] * args.rounds
-    order = [s if s != "before" else args.baseline for s in order]
+    base = list(args.baseline)
+    order = [*base, "after"] * args.rounds if args.rounds > 2 else \
+        ([*base, "after", "after", *reversed(base)] if args.rounds == 2 else [*base, "after"])
     for n in args.floods:
         for scheduler in order:
             print(f"{engine}:", end="", file=sys.stderr)
@@ -130,7 +131,7 @@ def report(results: dict[tuple[str, int, str], list[Run]], args: argparse.Namesp
     print(f"fairness: {args.slots} slots (llama-server: {args.threads} thread(s); emulators: --itl-ms {args.itl_ms:g} "
           f"--ttft-ms {args.ttft_ms:g}), team-a floods N streams of {args.tokens} tokens, team-b sends one of 8 tokens "
           f"0.5 s later ({args.samples} in a row); per flood and engine the schedulers run in the order "
-          f"{args.baseline}, after, after, {args.baseline} (each run: team-a alone, team-b alone, then both)")
+          f"{', '.join(args.baseline)}, after (rounds: {args.rounds}; each run: team-a alone, team-b alone, then both)")
     print("| engine | flood | scheduler | runs | team-b TTFT idle (s) | team-b TTFT flooded (s) | **ratio** | "
           "team-a tok/s alone | team-a tok/s with team-b | **share kept** | team-a 429 (of N) | team-b non-200 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -184,9 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spacing", type=float, default=1.0, help="seconds between team-b's requests (plus a random part)")
     p.add_argument("--seed", type=int, default=38)
     p.add_argument("--rounds", type=int, default=2, help="1: before, after; 2: before, after, after, before")
-    p.add_argument("--baseline", choices=sorted(set(SCHEDULERS) - {"after"}), default="before",
+    p.add_argument("--baseline", type=lambda s: [x for x in s.split(",") if x], default=["before"],
                    help="what `after` is compared with: the gateway before issue 38, or no kept slot at all")
     args = p.parse_args(argv)
+    if not args.baseline or set(args.baseline) - (set(SCHEDULERS) - {"after"}):
+        p.error(f"--baseline: one or two of {', '.join(sorted(set(SCHEDULERS) - {'after'}))}")
     unknown = set(args.engines) - set(ENGINES)
     if unknown:
         p.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(ENGINES)}")

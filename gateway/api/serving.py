@@ -455,10 +455,11 @@ async def _admitted_call(
 def _resumable(request: Request, backend: Backend, operation: Operation, run: Callable[[Adapter], Call],
                body: dict[str, Any], ctx: RequestContext, route: RouteKey | None, demand: Demand, arrived: float,
                events: AsyncIterator[StreamEvent], held: Held) -> AsyncIterator[StreamEvent]:
-    """The stream, resumed on a fresh slot (first of its flow) when the scheduler preempts it. A stream is cut
-    at most once: a neighbour's requests cost a flood at most one more prefill per stream."""
+    """The stream, resumed on a fresh slot (first of its flow) when the scheduler preempts it. Resumed, it may
+    take a kept slot again but is never cut again (admission): a neighbour's requests cost a flood at most one
+    more prefill per stream."""
     async def again(resumed: dict[str, Any], added: int) -> tuple[Lease, ChatResult, spans.Attempt | None]:
-        again_demand = dataclasses.replace(demand, resumed=True, preemptible=False, deadline=None,
+        again_demand = dataclasses.replace(demand, resumed=True, deadline=None,
                                            prompt_tokens=demand.prompt_tokens + added)
         return await _admitted_call(request, backend, operation, run, resumed, ctx, route, again_demand, arrived)
 

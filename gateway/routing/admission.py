@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from gateway.config import SchedulerConfig
 from gateway.identity import ServiceTier
-from gateway.scheduling import (Block, Demand, FairQueue, FlowWindow, Occupancy, Refused, Waiter, blocked, borrows,
-                                may_preempt_for)
+from gateway.scheduling import (RANK, Block, Demand, FairQueue, FlowWindow, Occupancy, Refused, Waiter, blocked,
+                                borrows, may_preempt_for)
 from gateway.scheduling.slots import kept_from
 
 
@@ -76,7 +76,7 @@ class Admission:
         """Preemptible streams borrow kept slots and give them back to newcomers (see the module's docstring)."""
         self.preemptions = 0
         self._borrowers: dict[Ticket, None] = {}
-        """Running preemptible tickets, oldest start first."""
+        """Running tickets that may be cut (preemptible, not yet resumed), oldest start first."""
         self._recheck: asyncio.TimerHandle | None = None
         """Re-evaluates the queue when the oldest flow leaves the window (a kept slot may be free to hand out)."""
         fair = self.fair  # under fifo every request is one flow of one tier: no per-flow bound, no aging
@@ -208,8 +208,8 @@ class Admission:
     def _start(self, ticket: Ticket) -> None:
         self.running += 1
         self._running_by_flow[ticket.demand.flow] += 1
-        if self.preempts and ticket.demand.preemptible:
-            self._borrowers[ticket] = None
+        if self.preempts and ticket.demand.preemptible and not ticket.demand.resumed:
+            self._borrowers[ticket] = None  # a stream is cut at most once: resumed, it may borrow but stays
         if ticket.demand.prompt_tokens:
             ticket.prefilling = True
             self.prefill_tokens += ticket.demand.prompt_tokens
@@ -232,15 +232,18 @@ class Admission:
         self._arm()
 
     def _preempt_for(self, waiter: Waiter) -> None:
-        """Hand `waiter` a slot borrowed by another flow's stream, when the kept rule would let it have one:
-        the newest borrower that has produced a token (else the newest), of the flow running most per weight."""
+        """Hand `waiter` a slot borrowed by another flow's stream of its tier or a lower one, when the kept rule
+        would let it have one: the newest borrower that has produced a token (else the newest), of the flow
+        running most per weight."""
         demand = waiter.demand
         kept, recent = self.policy.newcomer_slots, len(self._recent)
         if not may_preempt_for(Occupancy(self.concurrency, self.running, self._running_by_flow[demand.flow], 0,
                                          recent), kept):
             return
-        candidates = [t for t in self._borrowers if t.demand.flow != demand.flow and borrows(
-            Occupancy(self.concurrency, self.running, self._running_by_flow[t.demand.flow], 0, recent), kept)]
+        rank = RANK[demand.tier]
+        candidates = [t for t in self._borrowers if t.demand.flow != demand.flow and RANK[t.demand.tier] >= rank
+                      and borrows(Occupancy(self.concurrency, self.running, self._running_by_flow[t.demand.flow], 0,
+                                            recent), kept)]
         if not candidates:
             return
         victim = max(reversed(candidates), key=lambda t: (

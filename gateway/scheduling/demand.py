@@ -25,4 +25,4 @@ class Demand:
     preemptible: bool = False
     """A stream the gateway can cut and resume from its text (gateway/preemption): it may borrow a kept slot."""
     resumed: bool = False
-    """A preempted stream waiting to go on: first of its flow, never bounded, displaced or timed out."""
+    """A preempted stream going on: first of its flow, never bounded, displaced or timed out, never cut again."""

@@ -12,6 +12,8 @@ to resume (its client gets an error event, never a hang)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -173,6 +175,30 @@ async def test_clients_that_give_up_while_one_waits_to_resume_leak_nothing(relay
         again = [Stream(), Stream()]  # both slots are usable
         await asyncio.gather(*(run(http, relayed.url, "team-c", 3, s) for s in again))
         assert [s.text for s in again] == [expected(3)] * 2
+
+
+async def test_sigterm_while_a_stream_waits_to_resume_still_finishes_it_within_the_grace() -> None:
+    with running_emulator("vllm", "--tokens", "100000", "--itl-ms", "20", "--parallel", "2") as emu:
+        with gateway(config_yaml=f"shutdown_grace_seconds: 60\n{config(emu)}") as gw:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(HANG_S)) as http:
+                await run(http, gw.url, "team-b", 2, Stream())
+                a = [Stream(), Stream()]
+                tasks = [asyncio.create_task(run(http, gw.url, "team-a", 60, s)) for s in a]
+                await both_streaming(a)
+                b = Stream()
+                b_task = asyncio.create_task(run(http, gw.url, "team-b", 30, b))
+
+                async def preempted() -> bool:
+                    return await scrape(http, gw, "enginegate_scheduler_preemptions_total") == 1
+
+                await until(preempted, "one of team-a's streams preempted", HANG_S)
+                os.kill(gw.process.pid, signal.SIGTERM)  # one stream waits to resume, two stream
+                await asyncio.gather(*tasks, b_task)
+            assert gw.process.wait(timeout=HANG_S) in (0, -signal.SIGTERM)
+            for s in a:
+                unbroken(s, 60, "chat")  # the cut one resumed while the gateway drained
+            assert b.status == 200 and b.done and b.error is None
+            assert "Traceback" not in gw.log()
 
 
 async def test_an_engine_that_dies_while_a_stream_waits_to_resume_ends_it_with_an_error() -> None:

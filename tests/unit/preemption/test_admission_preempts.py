@@ -59,6 +59,19 @@ async def test_without_preemption_the_kept_slot_stays_free() -> None:
         blocked.cancel()
 
 
+async def test_a_newcomer_never_preempts_a_higher_tier() -> None:
+    adm = Admission(concurrency=2, max_queue=16, preempts=True)
+    await shared(adm)
+    high = Demand(flow="a", tier="priority", preemptible=True)
+    first, second = await adm.acquire(high), await adm.acquire(high)
+    flex = asyncio.create_task(adm.acquire(Demand(flow="b", tier="flex")))
+    await asyncio.sleep(0)
+    assert not flex.done() and not second.preempted  # a flex newcomer waits
+    newcomer = await at_once(adm, Demand(flow="c", tier="priority"))  # one of the same tier does not
+    assert second.preempted and not newcomer.preempted
+    flex.cancel()
+
+
 async def test_preemption_needs_the_kept_rule_on() -> None:
     for policy in (SchedulerConfig(newcomer_slots=0), SchedulerConfig(policy="fifo")):
         assert not Admission(2, 16, policy, preempts=True).preempts
@@ -77,6 +90,24 @@ async def test_the_victim_is_one_that_has_produced_a_token_and_no_flow_goes_belo
     await asyncio.sleep(0)
     assert adm.preemptions == 2 and adm.waiting == 1
     third_b.cancel()
+
+
+async def test_a_resumed_stream_may_borrow_again_but_is_never_cut_again() -> None:
+    adm = Admission(concurrency=2, max_queue=16, preempts=True)
+    await shared(adm)
+    again = Demand(flow="a", preemptible=True, resumed=True)
+    first = await adm.acquire(again)
+    second = await at_once(adm, again)  # the kept slot, borrowed
+    waiting = asyncio.create_task(adm.acquire(B))
+    await asyncio.sleep(0)
+    assert not waiting.done() and not second.preempted and adm.preemptions == 0  # b waits for a slot
+    adm.release(first)
+    await asyncio.sleep(0)
+    assert waiting.done()
+    adm.release(waiting.result())
+    fresh = await at_once(adm, A)  # b's request ended: a fresh stream of a's borrows the slot...
+    await at_once(adm, B)
+    assert fresh.preempted and not second.preempted  # ...and is the one cut
 
 
 async def test_a_pinned_stream_is_never_preempted() -> None:
