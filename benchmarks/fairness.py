@@ -2,7 +2,7 @@
 in one run.
 
     python -m benchmarks.fairness [--engines llama_server,vllm,sglang] [--floods 12,40] [--tokens 48]
-                                  [--rounds 2] [--threads 1] [--baseline before[,kept|unkept]]
+                                  [--rounds 2] [--threads 1] [--baseline before[,kept|unkept]] [--prompt-cache]
 
 For each engine, one engine process behind one gateway (create_app in this process): llama-server (the
 embedded SmolLM2, `--slots` slots, default 2), or an engine emulator (tests/emulators: `--parallel
@@ -27,6 +27,10 @@ of 16 for all flows: `scheduler: {newcomer_slots: 0, max_queue_per_flow: null}`,
 back to a newcomer by preemption; each flow's own queue of 64, `max_queue` 256); `kept` the kept slot
 without preemption (issue 38's first step); `unkept` the defaults without the kept slot. The ratios are the
 figures: the machine is shared and its absolute speed drifts.
+
+Every request computes its whole prompt (`cache_prompt: false`) unless `--prompt-cache`: then llama-server
+keeps its default and each flood stream has a prompt of its own (so the cache cannot serve one stream's
+prompt to the next, but a preempted stream's resume finds its own prefix, as a user's would).
 """
 
 from __future__ import annotations
@@ -76,7 +80,8 @@ async def flood(gw: Gateway, n: int, tokens: int, neighbour: int = 0, spacing: f
     team-b at the same phase of a stream every time): team-a's results, its tokens/s over its served streams,
     team-b's results (only those sent while the flood ran)."""
     t0 = time.perf_counter()
-    a = [asyncio.create_task(gw.chat("team-a", FLOOD_PROMPT, tokens)) for _ in range(n)]
+    prompts = [f"{FLOOD_PROMPT} Chapter {i + 1}." if gw.prompt_cache else FLOOD_PROMPT for i in range(n)]
+    a = [asyncio.create_task(gw.chat("team-a", prompt, tokens)) for prompt in prompts]
     b: list[Result] = []
     draw = (rng or random.Random(0)).uniform
     if neighbour:
@@ -117,6 +122,7 @@ def ratio(run: Run) -> float:
 
 async def bench(gw: Gateway, engine: str, args: argparse.Namespace,
                 results: dict[tuple[str, int, str], list[Run]]) -> None:
+    gw.prompt_cache = args.prompt_cache
     base = list(args.baseline)
     order = [*base, "after"] * args.rounds if args.rounds > 2 else \
         ([*base, "after", "after", *reversed(base)] if args.rounds == 2 else [*base, "after"])
@@ -128,7 +134,8 @@ async def bench(gw: Gateway, engine: str, args: argparse.Namespace,
 
 
 def report(results: dict[tuple[str, int, str], list[Run]], args: argparse.Namespace) -> None:
-    print(f"fairness: {args.slots} slots (llama-server: {args.threads} thread(s); emulators: --itl-ms {args.itl_ms:g} "
+    print(f"fairness: {args.slots} slots (llama-server: {args.threads} thread(s), prompt cache "
+          f"{'on, a prompt per flood stream' if args.prompt_cache else 'off'}; emulators: --itl-ms {args.itl_ms:g} "
           f"--ttft-ms {args.ttft_ms:g}), team-a floods N streams of {args.tokens} tokens, team-b sends one of 8 tokens "
           f"0.5 s later ({args.samples} in a row); per flood and engine the schedulers run in the order "
           f"{', '.join(args.baseline)}, after (rounds: {args.rounds}; each run: team-a alone, team-b alone, then both)")
@@ -184,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=3, help="team-b's requests under each flood, one after another")
     p.add_argument("--spacing", type=float, default=1.0, help="seconds between team-b's requests (plus a random part)")
     p.add_argument("--seed", type=int, default=38)
+    p.add_argument("--prompt-cache", action="store_true",
+                   help="leave llama-server's prompt cache on (its default), each flood stream with a prompt of its own; "
+                        "without it every request computes its whole prompt (`cache_prompt: false`), a resumed one too")
     p.add_argument("--rounds", type=int, default=2, help="1: before, after; 2: before, after, after, before")
     p.add_argument("--baseline", type=lambda s: [x for x in s.split(",") if x], default=["before"],
                    help="what `after` is compared with: the gateway before issue 38, or no kept slot at all")

@@ -60,6 +60,8 @@ class Gateway:
     url: str
     backend: Backend
     slots: int
+    prompt_cache: bool = False
+    """Leave llama-server's prompt cache on (its default); False: every request computes its whole prompt."""
     http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(
         timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)))
 
@@ -72,7 +74,9 @@ class Gateway:
     async def chat(self, flow: str, content: str, max_tokens: int) -> Result:
         body = {"model": "smollm", "stream": True, "max_tokens": max_tokens, "temperature": 0,
                 "messages": [{"role": "user", "content": content}], "stream_options": {"include_usage": True},
-                "ignore_eos": True, "cache_prompt": False}
+                "ignore_eos": True}
+        if not self.prompt_cache:
+            body["cache_prompt"] = False
         t0 = time.perf_counter()
         async with self.http.stream("POST", self.url + "/v1/chat/completions", json=body, headers={FLOW: flow}) as r:
             out = Result(r.status_code)
