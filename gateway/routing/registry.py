@@ -20,7 +20,7 @@ from gateway.cache_routing.tracker import Placement, ReplicaCache
 from gateway.lora import routing as lora_routing
 from gateway.routing import capacity
 from gateway.routing.admission import Admission
-from gateway.routing.balancer import Balancer, Candidate
+from gateway.routing.balancer import Balancer
 from gateway.routing.health import BreakerState
 from gateway.routing.monitor import HealthMonitor, follow_capacity
 from gateway.routing.pool import Lease, Replica, RouteKey
@@ -205,7 +205,7 @@ class Backend:
             places: list[Place] | None = None
             placements: list[Placement] = []
             if by_cache and route is not None:
-                found = [self.cache_of(r).place(route.blocks, route.text, c.outstanding, self._foreign_load(r, c),
+                found = [self.cache_of(r).place(route.blocks, route.text, c.outstanding, c.engine_load,
                                                 r.admission.concurrency, precise[i] if i < len(precise) else None,
                                                 prompt_tokens)
                          for i, (r, c) in enumerate(zip(pool, candidates, strict=True))]
@@ -263,13 +263,6 @@ class Backend:
             return False
         self.cache_of(self.replicas[i]).placed_by_peer(note.blocks)
         return True
-
-    @staticmethod
-    def _foreign_load(replica: Replica, candidate: Candidate) -> float:
-        """The engine's own running + waiting count for the cost: an engine the gateway supervises serves the
-        gateway alone, so its polled count only lags the gateway's own; a shared upstream's (it has no
-        incarnation) also counts its other clients."""
-        return candidate.engine_load if replica.adapter.incarnation() is None else 0.0
 
     @staticmethod
     def _roomier(pool: list[Replica], chosen: Replica) -> Replica:
