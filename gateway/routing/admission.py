@@ -165,14 +165,8 @@ class Admission:
         ticket = ticket or Ticket(self._keyed(Demand()))
         if ticket.preempted:
             return  # its slot went to the newcomer it was preempted for
-        self._borrowers.pop(ticket, None)
-        self.running -= 1
-        flow = ticket.demand.flow
-        self._running_by_flow[flow] -= 1
-        if self._running_by_flow[flow] <= 0:
-            del self._running_by_flow[flow]
-        self._end_prefill(ticket)
-        self._used(flow, asyncio.get_running_loop().time())  # its window runs from its last request's end
+        self._stop(ticket)
+        self._used(ticket.demand.flow, asyncio.get_running_loop().time())  # its window runs from its last request's end
         self._wake()
 
     def prefilled(self, ticket: Ticket) -> None:
@@ -214,6 +208,16 @@ class Admission:
             ticket.prefilling = True
             self.prefill_tokens += ticket.demand.prompt_tokens
 
+    def _stop(self, ticket: Ticket) -> None:
+        """It no longer holds its slot (it ended, or it was preempted)."""
+        self._borrowers.pop(ticket, None)
+        self.running -= 1
+        flow = ticket.demand.flow
+        self._running_by_flow[flow] -= 1
+        if self._running_by_flow[flow] <= 0:
+            del self._running_by_flow[flow]
+        self._end_prefill(ticket)
+
     def _end_prefill(self, ticket: Ticket) -> None:
         if ticket.prefilling:
             ticket.prefilling = False
@@ -253,10 +257,7 @@ class Admission:
                        self.prefill_tokens - freed, recent)
         if blocked(demand, at, self.policy) is not None:
             return  # the prefill budget holds it even with the slot
-        del self._borrowers[victim]
-        self.running -= 1
-        self._running_by_flow[victim.demand.flow] -= 1
-        self._end_prefill(victim)
+        self._stop(victim)
         victim.preempted = True
         self.preemptions += 1
         future, ticket = _parts(waiter)
