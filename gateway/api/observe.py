@@ -202,7 +202,7 @@ def _scheduler(m: GatewayMetrics, backend: Backend) -> dict[str, Any]:
         "waiting": refresh_tiers(m, backend),
         "refusals": {reason: _samples(m.refusals, "enginegate_scheduler_refusals_total", model=mid, reason=reason)
                      for reason in REFUSAL_REASONS},
-        "preempts": any(r.admission.preempts for r in backend.replicas),
+        "preempts": backend.preempts,
         "preemptions": _samples(m.preemptions, "enginegate_scheduler_preemptions_total", model=mid),
         "queue_wait_seconds": wait,
     }

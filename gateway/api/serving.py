@@ -319,7 +319,7 @@ async def generate(
     run = call or (lambda adapter: lambda b, c: OPERATIONS[operation](adapter, b, c))
     demand = request_demand(request, body, view)  # a header it cannot read is the client's 400, before any limit is spent
     body = within_ceiling(body, demand, caller_of(request.scope))
-    if call is None and any(r.admission.preempts for r in backend.replicas) and resumable(operation, body):
+    if call is None and backend.preempts and resumable(operation, body):
         demand = dataclasses.replace(demand, preemptible=True)
     ticket = await reserve_limits(request, backend, view, facts)
     route = request_route(request, backend, view, body)

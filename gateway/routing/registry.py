@@ -75,6 +75,11 @@ class Backend:
         return sum(r.admission.running for r in self.replicas)
 
     @property
+    def preempts(self) -> bool:
+        """Some replica lends kept slots to streams it may preempt (`scheduler.preempt`)."""
+        return any(r.admission.preempts for r in self.replicas)
+
+    @property
     def waiting(self) -> int:
         return sum(r.admission.waiting for r in self.replicas)
 
