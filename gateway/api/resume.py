@@ -33,6 +33,7 @@ class Held:
 async def resumable(events: AsyncIterator[StreamEvent], held: Held, operation: Operation, body: dict[str, Any],
                     again: Again, on_preempted: Callable[[], None]) -> AsyncIterator[StreamEvent]:
     splice = Splice(operation)
+    pinned = False
     try:
         while True:
             first = True
@@ -41,7 +42,8 @@ async def resumable(events: AsyncIterator[StreamEvent], held: Held, operation: O
                 if first and event.has_content and splice.segments > 1:
                     first = False
                     held.lease.prefilled()
-                if not splice.can_resume:
+                if not pinned and not splice.can_resume:
+                    pinned = True
                     held.lease.pin()
                 if out is not None:
                     yield out

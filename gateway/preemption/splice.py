@@ -50,8 +50,8 @@ class Splice:
 
     def take(self, event: StreamEvent) -> StreamEvent | None:
         """The event as the client gets it; None: drop it."""
-        if event.is_error:
-            return event
+        if event.is_error or (self.segments == 1 and not self.can_resume):
+            return event  # a first segment that can no longer be cut only passes on: nothing to note
         chunk = _chunk(event.data)
         if chunk is not None:
             self._note(chunk)
