@@ -113,6 +113,25 @@ async def both_streaming(streams: list[Stream]) -> None:
     await until(streaming, "team-a's streams under way", HANG_S)
 
 
+async def cut_one(http: httpx.AsyncClient, gw: RunningGateway, a_tokens: int, b_tokens: int
+                  ) -> tuple[list[Stream], list[asyncio.Task[None]], Stream, asyncio.Task[None]]:
+    """team-b (seen before) sends `b_tokens` while team-a's two streams of `a_tokens` hold both slots; returns once
+    one of team-a's is cut: team-a's streams and tasks, team-b's stream and task."""
+    before = await scrape(http, gw, "enginegate_scheduler_preemptions_total")
+    await run(http, gw.url, "team-b", 2, Stream())
+    a = [Stream(), Stream()]
+    tasks = [asyncio.create_task(run(http, gw.url, "team-a", a_tokens, s)) for s in a]
+    await both_streaming(a)
+    b = Stream()
+    b_task = asyncio.create_task(run(http, gw.url, "team-b", b_tokens, b))
+
+    async def preempted() -> bool:
+        return await scrape(http, gw, "enginegate_scheduler_preemptions_total") == before + 1
+
+    await until(preempted, "one of team-a's streams preempted", HANG_S)
+    return a, tasks, b, b_task
+
+
 @pytest.mark.parametrize("route", ["chat", "completions"])
 async def test_a_neighbour_takes_the_borrowed_slot_and_the_cut_stream_resumes_unbroken(
         relayed: RunningGateway, route: str) -> None:
@@ -151,17 +170,7 @@ async def test_each_stream_is_cut_at_most_once(relayed: RunningGateway) -> None:
 
 async def test_clients_that_give_up_while_one_waits_to_resume_leak_nothing(relayed: RunningGateway) -> None:
     async with httpx.AsyncClient(timeout=httpx.Timeout(HANG_S)) as http:
-        before = await scrape(http, relayed, "enginegate_scheduler_preemptions_total")
-        await run(http, relayed.url, "team-b", 2, Stream())
-        a = [Stream(), Stream()]
-        tasks = [asyncio.create_task(run(http, relayed.url, "team-a", 400, s)) for s in a]
-        await both_streaming(a)
-        b = asyncio.create_task(run(http, relayed.url, "team-b", 100, Stream()))  # ~2 s: team-a's cut one waits
-
-        async def preempted() -> bool:
-            return await scrape(http, relayed, "enginegate_scheduler_preemptions_total") == before + 1
-
-        await until(preempted, "one of team-a's streams preempted", HANG_S)
+        _, tasks, _, b = await cut_one(http, relayed, 400, 100)  # team-b's ~2 s: team-a's cut one waits
         for t in tasks:
             t.cancel()  # one waits to resume, one streams
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -181,17 +190,7 @@ async def test_sigterm_while_a_stream_waits_to_resume_still_finishes_it_within_t
     with running_emulator("vllm", "--tokens", "100000", "--itl-ms", "20", "--parallel", "2") as emu:
         with gateway(config_yaml=f"shutdown_grace_seconds: 60\n{config(emu)}") as gw:
             async with httpx.AsyncClient(timeout=httpx.Timeout(HANG_S)) as http:
-                await run(http, gw.url, "team-b", 2, Stream())
-                a = [Stream(), Stream()]
-                tasks = [asyncio.create_task(run(http, gw.url, "team-a", 60, s)) for s in a]
-                await both_streaming(a)
-                b = Stream()
-                b_task = asyncio.create_task(run(http, gw.url, "team-b", 30, b))
-
-                async def preempted() -> bool:
-                    return await scrape(http, gw, "enginegate_scheduler_preemptions_total") == 1
-
-                await until(preempted, "one of team-a's streams preempted", HANG_S)
+                a, tasks, b, b_task = await cut_one(http, gw, 60, 30)
                 os.kill(gw.process.pid, signal.SIGTERM)  # one stream waits to resume, two stream
                 await asyncio.gather(*tasks, b_task)
             assert gw.process.wait(timeout=HANG_S) in (0, -signal.SIGTERM)
@@ -205,17 +204,7 @@ async def test_an_engine_that_dies_while_a_stream_waits_to_resume_ends_it_with_a
     with running_emulator("vllm", "--tokens", "100000", "--itl-ms", "20", "--parallel", "2") as emu:
         with gateway(config_yaml=config(emu)) as gw:
             async with httpx.AsyncClient(timeout=httpx.Timeout(HANG_S)) as http:
-                await run(http, gw.url, "team-b", 2, Stream())
-                a = [Stream(), Stream()]
-                tasks = [asyncio.create_task(run(http, gw.url, "team-a", 400, s)) for s in a]
-                await both_streaming(a)
-                b = Stream()
-                b_task = asyncio.create_task(run(http, gw.url, "team-b", 400, b))
-
-                async def preempted() -> bool:
-                    return await scrape(http, gw, "enginegate_scheduler_preemptions_total") == 1
-
-                await until(preempted, "one of team-a's streams preempted", HANG_S)
+                a, tasks, b, b_task = await cut_one(http, gw, 400, 400)
                 emu.stop()  # the engine dies: the cut stream's resume finds nothing
                 await asyncio.wait_for(asyncio.gather(*tasks, b_task), HANG_S)
             for s in [*a, b]:
