@@ -43,6 +43,7 @@ from gateway.tenancy.store import (
     APPLIED_KEEP_MS,
     LEASE_TTL_MS,
     USAGE_FIELDS,
+    Grant,
     KeyExists,
     KeysActive,
     Settlement,
@@ -356,9 +357,89 @@ STEPS: tuple[str, ...] = (
     END
     $$
     """,
+    # A grant (store.py): the counters read once under the tenant's lock, each request decided in order as
+    # tenancy_reserve_batch would (no lease, no applied id: a grant is never replayed), the total written once.
+    f"""
+    CREATE FUNCTION tenancy_grant(
+        p_secret text, p_name text, p_want bigint, p_unit bigint, p_rpm bigint, p_tpm bigint, p_budget bigint,
+        p_window bigint, p_period text)
+    RETURNS TABLE (o_granted bigint, o_refused text, o_requests bigint, o_requests_reset bigint, o_tokens bigint,
+                   o_tokens_reset bigint, o_used bigint)
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        now_ms bigint;
+        r_count bigint := 0; r_reset bigint := 0; t_count bigint := 0; t_reset bigint := 0; used bigint := 0;
+        w_started bigint; w_count bigint;
+        n bigint := 0;
+        refused text;
+    BEGIN
+        IF p_secret IS NOT NULL AND NOT EXISTS (
+                SELECT 1 FROM tenancy_keys WHERE name = p_name AND secret_hash = p_secret) THEN
+            RETURN QUERY SELECT 0::bigint, 'revoked'::text, 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint;
+            RETURN;
+        END IF;
+        PERFORM pg_advisory_xact_lock({LOCK_CLASS}, hashtext(p_name));
+        now_ms := {NOW_MS};
+        IF p_rpm IS NOT NULL THEN
+            SELECT started_ms, count INTO w_started, w_count FROM tenancy_windows WHERE name = p_name AND kind = 'requests';
+            IF NOT FOUND OR now_ms - w_started >= p_window THEN
+                r_reset := p_window;
+            ELSE
+                r_count := w_count; r_reset := w_started + p_window - now_ms;
+            END IF;
+        END IF;
+        IF p_tpm IS NOT NULL THEN
+            SELECT started_ms, count INTO w_started, w_count FROM tenancy_windows WHERE name = p_name AND kind = 'tokens';
+            IF NOT FOUND OR now_ms - w_started >= p_window THEN
+                t_reset := p_window;
+            ELSE
+                t_count := w_count; t_reset := w_started + p_window - now_ms;
+            END IF;
+        END IF;
+        IF p_budget IS NOT NULL THEN
+            SELECT COALESCE((SELECT b.used FROM tenancy_budgets b WHERE b.name = p_name AND b.period = p_period), 0)
+                INTO used;
+        END IF;
+        WHILE n < p_want LOOP
+            IF p_rpm IS NOT NULL AND r_count + n >= p_rpm THEN
+                refused := 'requests';
+            ELSIF p_tpm IS NOT NULL AND t_count + n * p_unit > 0 AND t_count + (n + 1) * p_unit > p_tpm THEN
+                refused := 'tokens';
+            ELSIF p_budget IS NOT NULL AND used + (n + 1) * p_unit > p_budget THEN
+                refused := 'budget';
+            END IF;
+            EXIT WHEN refused IS NOT NULL;
+            n := n + 1;
+        END LOOP;
+        IF n > 0 THEN
+            IF p_rpm IS NOT NULL THEN
+                INSERT INTO tenancy_windows AS w (name, kind, started_ms, count) VALUES (p_name, 'requests', now_ms, n)
+                ON CONFLICT (name, kind) DO UPDATE SET
+                    count = CASE WHEN now_ms - w.started_ms >= p_window THEN n ELSE w.count + n END,
+                    started_ms = CASE WHEN now_ms - w.started_ms >= p_window THEN now_ms ELSE w.started_ms END;
+                r_count := r_count + n;
+            END IF;
+            IF p_tpm IS NOT NULL THEN
+                INSERT INTO tenancy_windows AS w (name, kind, started_ms, count) VALUES (p_name, 'tokens', now_ms, n * p_unit)
+                ON CONFLICT (name, kind) DO UPDATE SET
+                    count = CASE WHEN now_ms - w.started_ms >= p_window THEN n * p_unit ELSE w.count + n * p_unit END,
+                    started_ms = CASE WHEN now_ms - w.started_ms >= p_window THEN now_ms ELSE w.started_ms END;
+                t_count := t_count + n * p_unit;
+            END IF;
+            IF p_budget IS NOT NULL THEN
+                INSERT INTO tenancy_budgets AS b (name, period, used) VALUES (p_name, p_period, n * p_unit)
+                ON CONFLICT (name, period) DO UPDATE SET used = b.used + n * p_unit;
+                used := used + n * p_unit;
+            END IF;
+        END IF;
+        RETURN QUERY SELECT n, refused, r_count, r_reset, t_count, t_reset, used;
+    END
+    $$
+    """,
 )
 RESERVE_BATCH = "SELECT * FROM tenancy_reserve_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
 """The rows come back in p_requests' order (a set-returning plpgsql function returns them as made)."""
+GRANT = "SELECT * FROM tenancy_grant($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 BATCH_MAX = 64
 """The most queued reserves of one tenant one call decides (more wait for the next call)."""
 
@@ -512,6 +593,18 @@ class PostgresKeyStore:
             return mine.decided.result()
         finally:
             self._next(group)
+
+    async def grant(self, name: str, limits: Limits, requests: int, unit_cost: int,
+                    secret_hash: str | None = None) -> Grant:
+        """One call of `tenancy_grant`."""
+        args = (secret_hash, name, requests, unit_cost, limits.rpm, limits.tpm, limits.budget, limits.window_ms,
+                limits.budget_period)
+        row = await self._run(lambda c: c.fetchrow(GRANT, *args))
+        if row is None:
+            raise StoreUnavailable(f"key store {self.describe()}: no answer to a grant of {requests}")
+        granted = int(row[0])
+        counters = Counters(int(row[2]), int(row[3]), int(row[4]), int(row[5]), 0, int(row[6]))
+        return Grant(granted, Decision(limits, counters, None if granted else row[1]))
 
     def _next(self, group: _Group) -> None:
         """After a call of `group`: the reserves queued meanwhile go in a task of their own (no caller's

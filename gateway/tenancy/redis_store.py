@@ -37,6 +37,7 @@ from gateway.tenancy.store import (
     APPLIED_KEEP_MS,
     LEASE_TTL_MS,
     USAGE_FIELDS,
+    Grant,
     KeyExists,
     KeysActive,
     Settlement,
@@ -135,6 +136,37 @@ end
 for i = 13, #ARGV do redis.call('ZREM', KEYS[3], ARGV[i]) end
 return {refused, r, rr, t, tr, c, b}
 """
+# A grant (store.py): the counters read once, each request decided in order as RESERVE would (no lease, no
+# applied id: a grant is never replayed), the total written once.
+# KEYS: requests window, tokens window, budget, active.
+# ARGV: rpm tpm budget (0 = no limit) window_ms budget_ttl_ms unit_cost requests name secret_hash ('': not checked)
+# Returns {granted, refusal of the first not granted or '', requests, reset, tokens, reset, budget used}.
+GRANT = """
+if ARGV[9] ~= '' and redis.call('HGET', KEYS[4], ARGV[8]) ~= ARGV[9] then return {0, 'revoked', 0, 0, 0, 0, 0} end
+local rpm, tpm, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local window, budget_ttl, unit, want = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local function get(k) return tonumber(redis.call('GET', k) or '0') end
+local function reset(k) local t = redis.call('PTTL', k); if t < 0 then return window end; return t end
+local r, rr, t, tr, b = 0, 0, 0, 0, 0
+if rpm > 0 then r = get(KEYS[1]); rr = reset(KEYS[1]) end
+if tpm > 0 then t = get(KEYS[2]); tr = reset(KEYS[2]) end
+if budget > 0 then b = get(KEYS[3]) end
+local n, refused = 0, ''
+while n < want do
+  if rpm > 0 and r + n >= rpm then refused = 'requests'
+  elseif tpm > 0 and t + n * unit > 0 and t + (n + 1) * unit > tpm then refused = 'tokens'
+  elseif budget > 0 and b + (n + 1) * unit > budget then refused = 'budget' end
+  if refused ~= '' then break end
+  n = n + 1
+end
+if n == 0 then return {0, refused, r, rr, t, tr, b} end
+if rpm > 0 then r = redis.call('INCRBY', KEYS[1], n); if r == n then redis.call('PEXPIRE', KEYS[1], window) end end
+if tpm > 0 then
+  t = redis.call('INCRBY', KEYS[2], n * unit); if redis.call('PTTL', KEYS[2]) < 0 then redis.call('PEXPIRE', KEYS[2], window) end
+end
+if budget > 0 then b = redis.call('INCRBY', KEYS[3], n * unit); redis.call('PEXPIRE', KEYS[3], budget_ttl) end
+return {n, '', r, rr, t, tr, b}
+"""
 # KEYS: leases, tokens window, budget, usage hash, usage index, applied:s:{id}.
 # ARGV: release tpm budget delta window_ms budget_ttl_ms member request_id keep_ms, then usage field/value pairs
 SETTLE = """
@@ -193,6 +225,7 @@ class RedisKeyStore:
         self._change = self.client.register_script(CHANGE)
         self._reserve = self.client.register_script(RESERVE)
         self._settle = self.client.register_script(SETTLE)
+        self._grant = self.client.register_script(GRANT)
         self._renew = self.client.register_script(RENEW)
         self._release = self.client.register_script(RELEASE)
 
@@ -264,6 +297,19 @@ class RedisKeyStore:
         refused = out[0].decode() if isinstance(out[0], bytes) else str(out[0])
         counters = Counters(*(int(v) for v in out[1:7]))
         return Decision(limits, counters, refused or None)  # type: ignore[arg-type]
+
+    async def grant(self, name: str, limits: Limits, requests: int, unit_cost: int,
+                    secret_hash: str | None = None) -> Grant:
+        """One call of the GRANT script."""
+        keys = [f"{self.p}w:{name}:requests", f"{self.p}w:{name}:tokens", f"{self.p}budget:{name}:{limits.budget_period}",
+                self.p + "active"]
+        args = [limits.rpm or 0, limits.tpm or 0, limits.budget or 0, limits.window_ms,
+                limits.budget_reset_ms + BUDGET_KEEP_MS, unit_cost, requests, name, secret_hash or ""]
+        out = await self._run(lambda: self._grant(keys=keys, args=args))
+        refused = out[1].decode() if isinstance(out[1], bytes) else str(out[1])
+        r, rr, t, tr, b = (int(v) for v in out[2:7])
+        counters = Counters(r if limits.rpm else 0, rr, t if limits.tpm else 0, tr, 0, b if limits.budget else 0)
+        return Grant(int(out[0]), Decision(limits, counters, refused or None))  # type: ignore[arg-type]
 
     def _settle_call(self, s: Settlement) -> tuple[list[str], list[Any]]:
         u, limits = s.usage, s.limits

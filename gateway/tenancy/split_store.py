@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.tenancy.keys import KeyRecord
 from gateway.tenancy.limits import Decision, Limits
-from gateway.tenancy.store import KeyStore, Settlement
+from gateway.tenancy.store import Grant, KeyStore, Settlement
 
 
 class SplitKeyStore:
@@ -53,6 +53,11 @@ class SplitKeyStore:
         """The secret is not checked here (the keys are in the other store: one round trip each would be two);
         revocation reaches this process by the keys store's push (service.py's bounds)."""
         return await self.counters.reserve(name, limits, cost, request_id, released=released)
+
+    async def grant(self, name: str, limits: Limits, requests: int, unit_cost: int,
+                    secret_hash: str | None = None) -> Grant:
+        """As `reserve`: the secret is not checked here."""
+        return await self.counters.grant(name, limits, requests, unit_cost)
 
     async def renew(self, leases: list[tuple[str, str]]) -> None:
         await self.counters.renew(leases)

@@ -42,10 +42,12 @@ from gateway.tenancy.store import (
     APPLIED_KEEP_MS,
     LEASE_TTL_MS,
     USAGE_FIELDS,
+    Grant,
     KeyExists,
     KeysActive,
     Settlement,
     StoreUnavailable,
+
 )
 
 T = TypeVar("T")
@@ -148,6 +150,7 @@ class SQLiteKeyStore:
         self._worker_writes: set[asyncio.Future[None]] = set()
         self._settles = 0
         self._changed: Callable[[bool], None] | None = None
+        self._closed = False
 
     # -- the worker thread -------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -424,6 +427,57 @@ class SQLiteKeyStore:
                       secret_hash: str | None = None, released: Sequence[str] = ()) -> Decision:
         return await self._write(lambda db: self._reserve(db, name, limits, cost, request_id, secret_hash, released))
 
+    async def grant(self, name: str, limits: Limits, requests: int, unit_cost: int,
+                    secret_hash: str | None = None) -> Grant:
+        return await self._write(lambda db: self._grant(db, name, replace(limits, concurrency=None), requests,
+                                                        unit_cost, secret_hash))
+
+    def _grant(self, db: sqlite3.Connection, name: str, limits: Limits, requests: int, unit_cost: int,
+               secret_hash: str | None) -> Grant:
+        """The counters read once, each request decided by `check` in order as `_reserve` would, the total written
+        once (no applied ids: a grant is never replayed, its ids are new each time)."""
+        if secret_hash is not None and db.execute("SELECT 1 FROM keys WHERE name = ? AND secret_hash = ?",
+                                                  (name, secret_hash)).fetchone() is None:
+            return Grant(0, Decision(limits, Counters(), "revoked"))
+        now_ms = int(time.time() * 1000)
+        requests_used, requests_reset, tokens, tokens_reset = (
+            self._windows(db, name, limits, now_ms) if limits.rpm or limits.tpm else (0, 0, 0, 0))
+        if not limits.rpm:
+            requests_used = requests_reset = 0
+        if not limits.tpm:
+            tokens = tokens_reset = 0
+        used = 0
+        if limits.budget:
+            row = db.execute("SELECT used FROM budgets WHERE name = ? AND period = ?", (name, limits.budget_period)).fetchone()
+            used = int(row[0]) if row else 0
+        counters = Counters(requests_used, requests_reset, tokens, tokens_reset, 0, used)
+        granted = 0
+        while granted < requests:
+            refused = check(limits, counters, unit_cost)
+            if refused is not None:
+                if not granted:
+                    return Grant(0, Decision(limits, counters, refused))
+                break
+            counters = replace(counters, requests=counters.requests + 1, tokens=counters.tokens + unit_cost,
+                               budget_used=counters.budget_used + unit_cost)
+            granted += 1
+        total = granted * unit_cost
+        if limits.rpm and limits.tpm:
+            db.execute(_ADD_WINDOWS, (name, now_ms, granted, total, limits.window_ms))
+        elif limits.rpm:
+            self._add_window(db, name, "requests", now_ms, limits.window_ms, granted)
+        elif limits.tpm:
+            self._add_window(db, name, "tokens", now_ms, limits.window_ms, total)
+        if limits.budget:
+            self._add_budget(db, name, limits.budget_period, total)
+        if not limits.rpm:
+            counters = replace(counters, requests=0)
+        if not limits.tpm:
+            counters = replace(counters, tokens=0)
+        if not limits.budget:
+            counters = replace(counters, budget_used=0)
+        return Grant(granted, Decision(limits, counters))
+
     @staticmethod
     def _windows(db: sqlite3.Connection, name: str, limits: Limits, now_ms: int) -> tuple[int, int, int, int]:
         """(requests, ms until that window resets, tokens, ms until that one resets), in one read; an ended
@@ -551,6 +605,10 @@ class SQLiteKeyStore:
         return await self._run(run)
 
     async def close(self) -> None:
+        """Idempotent (a second close, as a test's fixture and a Tenancy both make, does nothing)."""
+        if self._closed:
+            return
+        self._closed = True
         if self._queued:
             self._flush_writes()  # before the connection closes under them
         if self._worker_writes:

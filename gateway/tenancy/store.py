@@ -94,6 +94,14 @@ class Settlement:
         return cls(request_id, data["name"], limits, int(data["token_delta"]), bool(data["release"]), UsageDelta(**data["usage"]))
 
 
+@dataclass(frozen=True, slots=True)
+class Grant:
+    granted: int
+    """How many of the requests asked for were charged (0 to all of them)."""
+    decision: Decision
+    """The last one charged (its counters include the whole grant), else the refusal that stopped it."""
+
+
 class KeyStore(Protocol):
     async def lookup(self, secret_hash: str) -> KeyRecord | None:
         """The active or revoked record holding this secret hash (revoked ones keep no hash: None)."""
@@ -133,6 +141,15 @@ class KeyStore(Protocol):
         their lease) this process has queued but not yet written: their leases end first, in the same
         step, so a client's next request never waits for its last one's settle (the settle's own release
         then finds nothing left to end)."""
+        ...
+
+    async def grant(self, name: str, limits: Limits, requests: int, unit_cost: int,
+                    secret_hash: str | None = None) -> Grant:
+        """An allotment (service.py): `requests` reserves of `unit_cost` tokens each, decided in one step and in
+        order exactly as that many `reserve` calls would be (never beyond a limit), stopping at the first refused.
+        No concurrency lease is taken (`limits.concurrency` is not checked), and no id is remembered: a grant is
+        never replayed (the service does not retry one). `secret_hash` as in `reserve`: a key no longer active
+        under it is granted nothing, refused `revoked`."""
         ...
 
     async def renew(self, leases: list[tuple[str, str]]) -> None:

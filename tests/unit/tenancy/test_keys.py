@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import stat
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +18,7 @@ from gateway.tenancy.redis_store import RedisKeyStore
 from gateway.tenancy.service import Tenancy
 from gateway.tenancy.sqlite_store import SQLiteKeyStore
 from gateway.tenancy.store import KeyExists, KeyStore, StoreUnavailable
-from tests.redis_server import RedisServer, redis_server
-
-
-@pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
+from tests.redis_server import RedisServer
 
 
 @pytest_asyncio.fixture(params=["sqlite", "redis"])

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,6 @@ from gateway.tenancy.limits import (
     refusal_message,
 )
 from gateway.tenancy.store import KeyStore, Settlement, UsageDelta
-from tests.redis_server import RedisServer, redis_server
 from tests.stores.key_stores import STORES, Clients
 
 NOW = 1_796_165_000.0  # 2026-12-01
@@ -54,12 +53,6 @@ def test_rule(name: str, fields: dict[str, Any], steps: list[tuple[int, str | No
         assert refused == expected, name
         if refused is None:
             c = Counters(c.requests + 1, 0, c.tokens + cost, 0, c.inflight + 1, c.budget_used + cost)
-
-
-@pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 @pytest_asyncio.fixture(params=["sqlite", "redis"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,6 @@ from gateway.tenancy.limits import DEFAULT_OUTPUT_TOKENS, Limits, Reservation, r
 from gateway.tenancy.service import Refused, Tenancy
 from gateway.tenancy.store import KeyStore, Settlement, UsageDelta
 from gateway.tenancy.ticket import Ticket
-from tests.redis_server import RedisServer, redis_server
 from tests.stores.key_stores import STORES, Clients
 
 HELLO = {"messages": [{"role": "user", "content": "hello"}]}
@@ -55,12 +54,6 @@ def test_the_settle_is_used_minus_reserved(prompt: int | None, completion: int |
     ticket.streamed_events = events
     assert ticket.token_delta() == delta
     assert ticket.prompt_used == (34 if prompt is None else prompt)
-
-
-@pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 @pytest_asyncio.fixture(params=["sqlite", "redis"])

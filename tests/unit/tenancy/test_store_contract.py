@@ -8,30 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from gateway.tenancy.keys import KeyPolicy, new_record
 from gateway.tenancy.store import KeysActive, Settlement, UsageDelta
-from tests.postgres_server import postgres, postgres_url  # noqa: F401  (the postgres parameter's fixtures)
-from tests.redis_server import RedisServer, redis_server
-from tests.stores.key_stores import SHORT_TTL_MS, STORES, Clients, limits, settlement
-
-
-@pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
-
-
-@pytest_asyncio.fixture(params=list(STORES))
-async def clients(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Clients]:
-    made = Clients(STORES[request.param](request, tmp_path))
-    yield made
-    await made.close()
+from tests.stores.key_stores import SHORT_TTL_MS, Clients, limits, settlement
 
 
 async def test_a_replayed_reserve_is_admitted_without_a_second_charge(clients: Clients) -> None:
@@ -247,3 +229,42 @@ async def test_one_settle_call_of_many_tenants_applies_each_once_and_its_replay_
         assert [r["requests"] for r in await a.usage(name)] == [3]
         after = await a.reserve(name, lim, 10, f"after-{name}")
         assert after.counters.inflight == 1 and after.counters.tokens == 3 * 5 + 10  # every slot freed, refunds once
+
+
+async def test_a_grant_is_cut_where_reserves_would_be_refused_and_takes_no_lease(clients: Clients) -> None:
+    a = clients()
+    lim = limits(rpm=6, tpm=1000, budget_tokens=10_000, max_concurrency=1)
+    assert (await a.reserve("g", lim, 10, "r1")).admitted  # holds the one slot
+    grant = await a.grant("g", lim, 10, 20)
+    assert grant.granted == 5 and grant.decision.admitted  # 6 requests a window: 1 reserved, 5 granted of 10
+    c = grant.decision.counters
+    assert (c.requests, c.tokens, c.budget_used) == (6, 10 + 5 * 20, 10 + 5 * 20)
+    assert (await a.reserve("g", lim, 10, "r2")).refused == "requests"
+    none = await a.grant("g", lim, 3, 20)
+    assert none.granted == 0 and none.decision.refused == "requests"
+    tokens = await a.grant("t", limits(tpm=100), 10, 30)  # 30, 60, 90; the 4th would pass 100
+    assert tokens.granted == 3 and tokens.decision.counters.tokens == 90
+    budget = await a.grant("b", limits(budget_tokens=50), 10, 20)
+    assert budget.granted == 2 and budget.decision.counters.budget_used == 40
+    again = await a.reserve("g2", limits(max_concurrency=1), 1, "r3")
+    assert again.admitted and again.counters.inflight == 1  # a grant's requests hold no lease
+
+
+async def test_grants_from_two_clients_never_pass_a_limit_together(clients: Clients) -> None:
+    a, b = clients(), clients()
+    lim = limits(rpm=50, budget_tokens=10_000)
+    grants = await asyncio.gather(*(([a, b][i % 2]).grant("two", lim, 8, 10) for i in range(10)))
+    assert sum(g.granted for g in grants) == 50
+    assert (await a.reserve("two", lim, 10, "last")).refused == "requests"
+
+
+async def test_a_grant_under_a_revoked_secret_grants_nothing(clients: Clients) -> None:
+    a = clients()
+    record, _ = new_record("gone", KeyPolicy())
+    await a.create(record)
+    lim = limits(rpm=10)
+    assert (await a.grant("gone", lim, 3, 0, record.secret_hash)).granted == 3
+    await a.revoke("gone", 1.0)
+    refused = await a.grant("gone", lim, 3, 0, record.secret_hash)
+    assert refused.granted == 0 and refused.decision.refused == "revoked"
+    assert (await a.reserve("gone", lim, 0, "r1")).counters.requests == 4  # nothing of g2 was charged
