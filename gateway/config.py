@@ -279,6 +279,10 @@ class TenancyConfig(BaseModel):
     on_store_error: Literal["closed", "open"] = "closed"
     """Store unreachable: closed answers 503 (config-file keys still authenticate); open lets the keys seen
     before through without limits. Usage is kept and written when the store is back, either way."""
+    allotments: bool = True
+    """A busy key's limits decided in this gateway from capacity taken from the store ahead of need (no store round
+    trip per request; never beyond a limit, at most 1/8 of what is left held here, docs/keys.md); false: every
+    request of a key with limits asks the store."""
     key_metrics: bool = False
     """Prometheus counters by key name (enginegate_key_*): one label value per key. The names are the tenants':
     without metrics_api_key anyone reaching /metrics reads them (start-up warns)."""

@@ -104,10 +104,12 @@ async def rotate_key(request: Request, name: str) -> dict[str, Any]:
 
 @router.post("/admin/keys/{name}/release-leases")
 async def release_leases(request: Request, name: str) -> dict[str, Any]:
+    tenancy = _tenancy(request)
     try:
-        released = await _tenancy(request).store.release_leases(name)
+        released = await tenancy.store.release_leases(name)
     except StoreUnavailable as exc:
         raise _unavailable(exc) from exc
+    tenancy.leases_released(name)  # other gateways stop reusing theirs within LEASE_REUSE_S (docs/keys.md)
     return {"name": name, "released": released}
 
 

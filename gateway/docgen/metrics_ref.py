@@ -14,7 +14,7 @@ from gateway.docgen.markdown import cell, table
 from gateway.epp_metrics import ServedNames
 from gateway.gpu import NvmlCollector
 from gateway.metrics import GatewayMetrics
-from gateway.tenancy.metrics import TenancyMetrics
+from gateway.tenancy.metrics import LimitMetrics, TenancyMetrics
 
 SUFFIX = {"counter": "_total"}
 
@@ -50,6 +50,7 @@ def collected() -> list[tuple[str, list[MetricDoc]]]:
     metrics = GatewayMetrics(gpu=False)
     metrics.epp.update({}, ServedNames((), ()))  # the endpoint picker's names are served after the first poll
     TenancyMetrics(metrics.registry)  # served with tenancy.key_metrics: true
+    LimitMetrics(metrics.registry)
     groups: list[tuple[str, list[MetricDoc]]] = []
     for collector in metrics.registry._collector_to_names:  # registration order
         where = type(collector).__module__

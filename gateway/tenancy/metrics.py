@@ -1,5 +1,6 @@
 """Prometheus counters by key name, only when the operator turns them on (`tenancy.key_metrics`):
-one label value per key keeps the cardinality bounded by the number of keys."""
+one label value per key keeps the cardinality bounded by the number of keys; and, always served, where the limits
+of keys were decided (no key label: nothing about a tenant)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,15 @@ class TenancyMetrics:
 
     def rejected(self, name: str, model: str, limit: str) -> None:
         self.rejections.labels(name, model, limit).inc()
+
+
+class LimitMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.decisions = Counter("enginegate_limit_decisions",
+                                 "Admissions of keys with limits, by where they were decided: gateway (from the key's "
+                                 "allotment, no store round trip) or store (a reserve).", ["where"], registry=registry)
+        self.granted = Counter("enginegate_limit_granted_requests",
+                               "Requests the key store granted to this gateway's allotments ahead of need.",
+                               registry=registry)
+        self.in_gateway = self.decisions.labels("gateway")
+        self.in_store = self.decisions.labels("store")

@@ -14,7 +14,13 @@ at once, even when the settle itself has to wait in the buffer (the buffered set
 written, else it expires), so a dead process's or a lost store's slots come back on their own.
 Neither background task (renewing leases, writing buffered usage) ever stops on an error.
 
-Cost per request (benchmarks/tenancy_overhead.py): one store round trip at most, the reserve.
+Cost per request (benchmarks/tenancy_overhead.py): one store round trip at most, the reserve; none for a busy
+key admitted from its allotment (allotment.py: capacity the store charged to this process ahead of need, asked
+for in the background, one grant in flight per key; used only while the push channel is live, like the lookup
+cache, and dropped with it). Such a request's concurrency slot is a lease kept from the key's last request here:
+a lease whose request ended stays LEASE_HOLD_S for the next one (renewed as a running one's), then is released
+with the next settles; none is kept past LEASE_REUSE_S from its reserve. The settle that ends a lease carries the
+lease's id (the store ends leases by it), every other settle its request's own.
 - Key lookups are cached in this process while the store's push channel (`KeyStore.watch`: Redis
   pub/sub, PostgreSQL LISTEN/NOTIFY, the SQLite file's change counter) is live. Revocation bound: a
   revoke or rotation anywhere empties the cache of every gateway on the channel within about one
@@ -23,7 +29,8 @@ Cost per request (benchmarks/tenancy_overhead.py): one store round trip at most,
   is used past KEY_CACHE_MAX_AGE_S whatever the channel says. A lookup that was in flight when the
   cache was emptied is not cached. Without `start()` (no watch) nothing is cached.
 - Settles are written after the response by one writer task, every settle queued while a write is
-  in flight going in the next one (a batch per round trip). A reserve of a key with a concurrency cap
+  in flight (or in the WRITE_GAP_S after a round of several) going in the next one (a batch per round, those of one key and
+  model merged into one: batching.py). A reserve of a key with a concurrency cap
   carries the ids of the requests of that key whose settle this process has queued and not yet
   written (`released`, at most RELEASED_MAX): the store ends their leases in the reserve's own step,
   so a client's next request finds its slot free here without waiting for that write (an id is named
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -46,20 +54,32 @@ from typing import Literal
 
 import orjson
 
+from gateway.tenancy import allotment
+from gateway.tenancy.allotment import Allotment, Demand
+from gateway.tenancy.batching import merged
 from gateway.tenancy.keys import KeyRecord, UnreadableKey, hash_secret
-from gateway.tenancy.limits import Decision, Limits, Reservation, budget_period
-from gateway.tenancy.metrics import TenancyMetrics
+from gateway.tenancy.limits import Counters, Decision, Limits, Reservation, budget_period
+from gateway.tenancy.metrics import LimitMetrics, TenancyMetrics
 from gateway.tenancy.store import LEASE_RENEW_S, KeyStore, Settlement, StoreUnavailable, UsageDelta
 from gateway.tenancy.ticket import Ticket
 
 log = logging.getLogger("enginegate.tenancy")
 HAS_KEYS_TTL_S = 1.0
 FLUSH_INTERVAL_S = 1.0
+WRITE_GAP_S = 0.01
+"""After a write round of more than one settle, the writer waits this long before the next: the settles of a busy
+gateway go in about 100 writes a second (merged, batching.py), whatever the request rate; one at a time (a
+quiet gateway, a lone client) each goes at once."""
 KNOWN_KEYS_MAX = 10_000
 RELEASED_MAX = 256
 """The most ended requests' ids one reserve releases (more: the rest are released by their settles)."""
 KEY_CACHE_MAX_AGE_S = 5.0
 """The oldest cached key lookup used, whatever the push channel says (the bound if a push is lost unseen)."""
+LEASE_HOLD_S = 0.05
+"""How long a concurrency lease stays with this process after its request ended, for the key's next request."""
+LEASE_REUSE_S = LEASE_RENEW_S
+"""The longest a lease is kept for request after request from its reserve: then released, and the next request
+reserves afresh (the bound on a slot the store no longer counts, after `release-leases` or a store that lost it)."""
 
 
 class Refused(Exception):
@@ -75,7 +95,8 @@ class KeyRevoked(Exception):
 class Tenancy:
     def __init__(self, store: KeyStore, static: Iterable[tuple[str, KeyRecord]] = (), *, spool: Path | None = None,
                  on_store_error: Literal["closed", "open"] = "closed", metrics: TenancyMetrics | None = None,
-                 lease_renew_s: float = LEASE_RENEW_S) -> None:
+                 lease_renew_s: float = LEASE_RENEW_S, allotments: bool = True,
+                 limit_metrics: LimitMetrics | None = None) -> None:
         self.store = store
         self.static = {hash_secret(secret): record for secret, record in static}
         self.static_names = {r.name: r for r in self.static.values()}
@@ -85,8 +106,10 @@ class Tenancy:
         self._known: dict[str, KeyRecord] = {}  # for on_store_error: open
         self._has_keys: tuple[float, bool] = (-HAS_KEYS_TTL_S, True)  # closed until the store has answered
         self._pending: list[Settlement] = []
+        self._tried = 0  # how many of _pending, from the first, a write has tried (and may have applied)
         self._flusher: asyncio.Task[None] | None = None
-        self._leases: dict[str, str] = {}  # request id -> key name: the leases of this process's requests in flight
+        self._leases: dict[str, str] = {}  # lease id -> key name: the leases held here (requests in flight, kept)
+        self._lease_born: dict[str, float] = {}  # lease id -> when its reserve took it (monotonic)
         self._renewer: asyncio.Task[None] | None = None
         self.lease_renew_s = lease_renew_s
         self._replayed = False
@@ -98,6 +121,20 @@ class Tenancy:
         self._round: asyncio.Future[None] | None = None  # the write round in flight: done when it ends
         self._next_round: asyncio.Future[None] | None = None  # the round the settles queued now go in
         self._failing = False  # the last write failed: the writer waits FLUSH_INTERVAL_S between tries
+        self.allotments = allotments
+        self.limit_metrics = limit_metrics
+        self._allotted: dict[str, Allotment] = {}  # key name -> what it may still admit here (allotment.py)
+        self._demand: dict[str, Demand] = {}
+        self._last_counters: dict[str, Counters] = {}  # key name -> its last decision's counters seen here
+        self._granting: set[str] = set()  # key names with a grant in flight
+        self._grants: set[asyncio.Task[None]] = set()
+        self._idle: dict[str, dict[str, tuple[float, str]]] = {}  # key name -> lease id -> (ended at, model)
+        self._in_use: dict[str, int] = {}  # key name -> its requests running here with a lease
+        self._sweeper: asyncio.Task[None] | None = None
+        self._closing = False
+        self._closed = False
+        self._id_prefix = uuid.uuid4().hex[:20]  # this process's: with a count, ids unique across gateways and restarts
+        self._ids = itertools.count()
 
     # -- authentication ------------------------------------------------------------------------
     async def required(self) -> bool:
@@ -167,7 +204,9 @@ class Tenancy:
         return hit[1]
 
     def _keys_changed(self, live: bool) -> None:
-        """The store's watch: a key changed somewhere or the channel came back (True), or it is lost (False)."""
+        """The store's watch: a key changed somewhere or the channel came back (True), or it is lost (False).
+        Allotments and kept leases go with the cache (the next request of every key asks the store)."""
+        self._drop_all()
         self._cache.clear()
         self._cache_generation += 1
         self._cache_live = live
@@ -187,39 +226,241 @@ class Tenancy:
     async def reserve(self, record: KeyRecord, model: str, charge: Reservation) -> Ticket:
         """Admit one request of this key (raises Refused for a 429, KeyRevoked for a 401, StoreUnavailable when
         failing closed). A stored key's reserve checks, in the same store step, that it is still active under
-        its secret."""
+        its secret. A busy key's request may be admitted from its allotment here, with no store call (below)."""
         policy = record.policy
         if not policy.limited:
             return Ticket(record.name, model)
         limits = Limits.of(policy, time.time())
         cost = charge.tokens if limits.tpm or limits.budget else 0  # prompt + max_tokens x n; the settle refunds
-        request_id = uuid.uuid4().hex  # the gateway's own: a client-sent id could replay another request's charge
+        local = self._local(record.name)
+        lease = ""
+        if local:
+            now = time.monotonic()
+            demand = self._demand.get(record.name)
+            if demand is None:
+                if len(self._demand) >= KNOWN_KEYS_MAX:
+                    self._demand.clear()
+                demand = self._demand[record.name] = Demand()
+            demand.seen(now, cost)
+            lease = self._idle_lease(record.name) if limits.concurrency else ""
+            ticket = self._from_allotment(record, model, limits, cost, charge, lease, now)
+            self._refill(record, limits, model, now)
+            if ticket is not None:
+                return ticket
+        try:
+            return await self._reserve(record, model, limits, cost, charge, lease)
+        except KeyRevoked:
+            raise  # its lease is released
+        except BaseException:
+            if lease:  # refused, or the caller left: the kept lease stays kept
+                self._keep_lease(record.name, lease, model)
+            raise
+
+    def _new_id(self) -> str:
+        """A request id (reserve, settle): unique, and cheaper than a uuid4 per request."""
+        return f"{self._id_prefix}{next(self._ids):x}"
+
+    def _local(self, name: str) -> bool:
+        """Allotments and kept leases may be used for this key now: on, not closing, and (a stored key) while the
+        store's push channel is live, so a revoke anywhere drops them as it empties the lookup cache."""
+        return self.allotments and not self._closing and (self._cache_live or name in self.static_names)
+
+    def _from_allotment(self, record: KeyRecord, model: str, limits: Limits, cost: int, charge: Reservation,
+                        lease: str, now: float) -> Ticket | None:
+        """The request admitted from the key's allotment, when it holds a request and the tokens (and a kept lease,
+        for a key with a concurrency cap): no store call."""
+        allotted = self._allotted.get(record.name)
+        if allotted is None or not allotted.usable(limits, now) or not allotted.fits(cost):
+            return None
+        if limits.concurrency and not lease:
+            return None
+        allotted.take(cost)
+        decision = allotted.decision(limits, now, self._in_use.get(record.name, 0) + 1 if lease else 0)
+        if self.limit_metrics is not None:
+            self.limit_metrics.in_gateway.inc()
+        if not allotted.requests:  # used up: the tokens it still holds go back now, not when it would have ended
+            del self._allotted[record.name]
+            self._lapse(record.name, allotted)
+        if lease:
+            self._in_use[record.name] = self._in_use.get(record.name, 0) + 1
+        return Ticket(record.name, model, limits, decision, charged=cost, estimate=charge.prompt,
+                      request_id=self._new_id(), lease_id=lease)
+
+    async def _reserve(self, record: KeyRecord, model: str, limits: Limits, cost: int, charge: Reservation,
+                       lease: str) -> Ticket:
+        """One reserve in the store. With a kept lease (`lease`) it takes no new one, nor checks the concurrency cap
+        (the slot is already counted there)."""
+        request_id = self._new_id()  # the gateway's own: a client-sent id could replay another request's charge
+        store_limits = dataclasses.replace(limits, concurrency=None) if lease else limits
         releasing = self._releasing.get(record.name) if limits.concurrency else None
         released = tuple(itertools.islice(releasing, RELEASED_MAX)) if releasing else ()
         try:
-            decision = await self.store.reserve(record.name, limits, cost, request_id,
+            decision = await self.store.reserve(record.name, store_limits, cost, request_id,
                                                 None if record.static else record.secret_hash, released)
         except StoreUnavailable as exc:
             if not self.fail_open:
                 raise
             log.warning("%s: admitting %s without limits (on_store_error: open)", exc, record.name)
+            if lease:
+                self._keep_lease(record.name, lease, model)
             return Ticket(record.name, model)
         if released and decision.refused != "revoked":  # their leases are gone: no later reserve names them again
             self._forget_releases(record.name, released)
         if decision.refused == "revoked":
             self._cache.pop(record.secret_hash, None)
             self._known.pop(record.secret_hash, None)
+            self._drop_key(record.name)
+            if lease:
+                self._release_lease(record.name, lease, model)
             raise KeyRevoked(record.name)
+        if len(self._last_counters) >= KNOWN_KEYS_MAX:
+            self._last_counters.clear()
+        self._last_counters[record.name] = decision.counters
         if not decision.admitted:
             if self.metrics is not None:
                 self.metrics.rejected(record.name, model, decision.refused or "")
             await self._write([Settlement(request_id, record.name, None, 0, False, _usage(record.name, model, rejected=1))])
             raise Refused(decision)
+        if self.limit_metrics is not None:
+            self.limit_metrics.in_store.inc()
         if limits.concurrency:
-            self._leases[request_id] = record.name
+            self._in_use[record.name] = self._in_use.get(record.name, 0) + 1
+        if lease:  # the store counted no slot (it was not asked for one): this gateway's own count
+            decision = dataclasses.replace(decision, counters=dataclasses.replace(
+                decision.counters, inflight=self._in_use[record.name]))
+        if limits.concurrency and not lease:
+            lease = request_id
+            self._leases[lease] = record.name
+            self._lease_born[lease] = time.monotonic()
             if self._renewer is None or self._renewer.done():
                 self._renewer = asyncio.create_task(self._renew_loop())
-        return Ticket(record.name, model, limits, decision, charged=cost, estimate=charge.prompt, request_id=request_id)
+        return Ticket(record.name, model, limits, decision, charged=cost, estimate=charge.prompt, request_id=request_id,
+                      lease_id=lease)
+
+    # -- allotments (allotment.py) ---------------------------------------------------------------
+    def _refill(self, record: KeyRecord, limits: Limits, model: str, now: float) -> None:
+        """Ask the store for a grant in the background when the key is busy here and its allotment is missing,
+        ending, or half used (one grant in flight per key)."""
+        name = record.name
+        if name in self._granting:
+            return
+        allotted = self._allotted.get(name)
+        if allotted is not None and allotted.usable(limits, now) and not allotted.low(now):
+            return
+        demand = self._demand.get(name)
+        if demand is None:
+            return
+        requests, unit = allotment.grant_size(demand, limits, self._last_counters.get(name))
+        if not requests:
+            return
+        self._granting.add(name)
+        task = asyncio.create_task(self._grant(record, limits, requests, unit, model))
+        self._grants.add(task)
+        task.add_done_callback(self._grants.discard)
+
+    async def _grant(self, record: KeyRecord, limits: Limits, requests: int, unit: int, model: str) -> None:
+        name, generation = record.name, self._cache_generation
+        try:
+            grant = await self.store.grant(name, limits, requests, unit,
+                                           None if record.static else record.secret_hash)
+        except Exception as exc:  # a grant is an optimisation: the requests go to the store one by one meanwhile
+            log.debug("allotment for %s not granted: %s: %s", name, type(exc).__name__, exc)
+            return
+        finally:
+            self._granting.discard(name)
+        if grant.decision.refused == "revoked":
+            self._cache.pop(record.secret_hash, None)
+            self._known.pop(record.secret_hash, None)
+            self._drop_key(name)
+            return
+        self._last_counters[name] = grant.decision.counters
+        if not grant.granted:
+            return
+        if self.limit_metrics is not None:
+            self.limit_metrics.granted.inc(grant.granted)
+        now = time.monotonic()
+        left = self._allotted.pop(name, None)
+        made = allotment.granted(limits, grant.granted, unit, grant.decision.counters, now, left, model)
+        if left is not None and (made is None or not allotment.carries(left, limits, now)):
+            self._lapse(name, left)  # not carried into the new one: its budget back
+        if made is None or self._closing or (not record.static and generation != self._cache_generation):
+            if made is not None:  # a key change arrived meanwhile (a revoke?): nothing is admitted from it
+                self._lapse(name, made)
+            return
+        self._allotted[name] = made
+        asyncio.get_running_loop().call_later(made.expires - now, self._expire, name, made)
+
+    def _expire(self, name: str, allotted: Allotment) -> None:
+        if self._allotted.get(name) is allotted:
+            del self._allotted[name]
+            self._lapse(name, allotted)
+
+    def _lapse(self, name: str, allotted: Allotment) -> None:
+        """An allotment ends: the budget its unused tokens took is given back, recorded on the usage row of the model
+        that asked for it (adding nothing there). Its requests and tpm tokens stay counted in their window, which
+        ends within TTL_S: a refusal at the edge for others, never an excess."""
+        if allotted.limits.budget and allotted.tokens > 0:
+            self._enqueue([Settlement(self._new_id(), name, dataclasses.replace(allotted.limits, tpm=None),
+                                      -allotted.tokens, False, _usage(name, allotted.model))])
+        allotted.requests = allotted.tokens = 0  # given back once, whoever ends it first
+
+    def _drop_key(self, name: str) -> None:
+        allotted = self._allotted.pop(name, None)
+        if allotted is not None:
+            self._lapse(name, allotted)
+        for lease, (_, model) in self._idle.pop(name, {}).items():
+            self._release_lease(name, lease, model)
+
+    def _drop_all(self) -> None:
+        for name in list(self._allotted) + list(self._idle):
+            self._drop_key(name)
+
+    def _idle_lease(self, name: str) -> str:
+        idle = self._idle.get(name)
+        if not idle:
+            return ""
+        lease = next(iter(idle))
+        del idle[lease]
+        if not idle:
+            del self._idle[name]
+        return lease
+
+    def _keep_lease(self, name: str, lease: str, model: str) -> None:
+        self._idle.setdefault(name, {})[lease] = (time.monotonic(), model)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep_loop())
+
+    def _release_lease(self, name: str, lease: str, model: str) -> None:
+        """Its release written with the next settles (the settle that ends a lease carries the lease's id)."""
+        self._forget_lease(lease)
+        self._enqueue([Settlement(lease, name, None, 0, True, _usage(name, model))])
+
+    def leases_released(self, name: str) -> None:
+        """An admin ended every lease of this key in the store: none of this process's is kept or taken again (the
+        requests still running end theirs, which the store no longer counts)."""
+        for lease in self._idle.pop(name, {}):
+            self._forget_lease(lease)
+        for lease, holder in self._leases.items():
+            if holder == name:
+                self._lease_born.pop(lease, None)
+
+    def _forget_lease(self, lease: str) -> None:
+        self._leases.pop(lease, None)
+        self._lease_born.pop(lease, None)
+
+    async def _sweep_loop(self) -> None:
+        """Release the leases no request of their key took within LEASE_HOLD_S; runs while any is kept."""
+        while self._idle:
+            await asyncio.sleep(LEASE_HOLD_S / 2)
+            now = time.monotonic()
+            for name in list(self._idle):
+                idle = self._idle[name]
+                for lease, (since, model) in list(idle.items()):
+                    if now - since >= LEASE_HOLD_S:
+                        del idle[lease]
+                        self._release_lease(name, lease, model)
+                if not idle:
+                    del self._idle[name]
 
     def _forget_releases(self, name: str, request_ids: Iterable[str]) -> None:
         releasing = self._releasing.get(name)
@@ -234,7 +475,7 @@ class Tenancy:
         """Renew every lease held here, in one store call per round; runs until close()."""
         while True:
             await asyncio.sleep(self.lease_renew_s)
-            leases = [(name, request_id) for request_id, name in self._leases.items()]
+            leases = [(name, lease) for lease, name in self._leases.items()]
             if not leases:
                 continue
             try:
@@ -244,23 +485,54 @@ class Tenancy:
                             len(leases), type(exc).__name__, exc, self.lease_renew_s)
 
     async def settle(self, ticket: Ticket, failed: bool, engine_s: float) -> None:
+        """Write what the request used. Its concurrency lease is kept here for the key's next request (at most
+        LEASE_HOLD_S) while allotments are on, else released by this settle; the settle that ends a lease
+        carries the lease's id, every other settle its request's own."""
         if ticket.settled:
             return
         ticket.settled = True
-        self._leases.pop(ticket.request_id, None)  # its lease is released by the settle, or expires
         prompt = ticket.prompt_used
         completion = ticket.completion_tokens or ticket.streamed_events
         usage = _usage(ticket.name, ticket.model, requests=1, prompt_tokens=prompt, completion_tokens=completion,
                        errors=int(failed or ticket.failed), engine_ms=round(engine_s * 1000))
         if self.metrics is not None:
             self.metrics.settled(usage)
-        await self._write([Settlement(ticket.request_id or uuid.uuid4().hex, ticket.name, ticket.limits if ticket.decision else None, ticket.token_delta(),
-                                      ticket.holds_slot, usage)])
+        settle_id, release = ticket.request_id or self._new_id(), False
+        lease = ticket.lease_id
+        if lease:
+            in_use = self._in_use.get(ticket.name, 0) - 1
+            if in_use > 0:
+                self._in_use[ticket.name] = in_use
+            else:
+                self._in_use.pop(ticket.name, None)
+        born = self._lease_born.get(lease)
+        if lease and born is not None and self._local(ticket.name) and time.monotonic() - born < LEASE_REUSE_S:
+            self._keep_lease(ticket.name, lease, ticket.model)
+            if settle_id == lease:  # the id that will end the lease, later
+                settle_id = self._new_id()
+        elif lease:
+            self._forget_lease(lease)  # released by this settle, or it expires
+            settle_id, release = lease, True
+        await self._write([Settlement(settle_id, ticket.name, ticket.limits if ticket.decision else None,
+                                      ticket.token_delta(), release, usage)])
 
     # -- writing usage -------------------------------------------------------------------------
     async def _write(self, settlements: list[Settlement]) -> None:
         """Queue them (in order, after what is already waiting) for the writer task and wait for the write
-        round that holds them: written, or kept in the buffer when the store failed. Never raises."""
+        round that holds them: written, or kept in the buffer when the store failed (closing: close() writes or
+        spools them, nobody waits). Never raises."""
+        round_done = self._enqueue(settlements)
+        if not self._closing:
+            await asyncio.shield(round_done)
+
+    def _enqueue(self, settlements: list[Settlement]) -> asyncio.Future[None]:
+        """Queue them for the writer task (started unless closing: close() writes what is left; once closed, they go
+        to the spool file); the future of the write round that holds them."""
+        if self._closed and self.spool is not None:  # a request that outlived the shutdown: replayed at the next start
+            self._spool_out(settlements)
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
         self._pending.extend(settlements)
         for s in settlements:
             if s.release:
@@ -268,18 +540,19 @@ class Tenancy:
         if self._next_round is None:
             self._next_round = asyncio.get_running_loop().create_future()
         round_done = self._next_round
-        if self._flusher is None or self._flusher.done():
+        if not self._closing and (self._flusher is None or self._flusher.done()):
             self._flusher = asyncio.create_task(self._flush_loop())
-        await asyncio.shield(round_done)
+        return round_done
 
     async def _flush_loop(self) -> None:
         """One store call per round for everything queued, until nothing is; after a failed round it waits
         FLUSH_INTERVAL_S. Never stops on a store's error, whatever it is (flush() turns each into False)."""
         try:
             while self._pending:
+                busy = len(self._pending) > 1
                 await self.flush()
-                if self._failing:
-                    await asyncio.sleep(FLUSH_INTERVAL_S)
+                if self._failing or busy:
+                    await asyncio.sleep(FLUSH_INTERVAL_S if self._failing else WRITE_GAP_S)
         finally:
             for fut in (self._round, self._next_round):  # nobody waits past the writer (close() cancels it)
                 if fut is not None and not fut.done():
@@ -287,7 +560,11 @@ class Tenancy:
             self._round = self._next_round = None
 
     async def flush(self) -> bool:
-        """Write what is buffered, in one store call; True when nothing is left."""
+        """Write what is buffered, in one store call, the settlements never sent merged (batching.py); True when
+        nothing is left."""
+        fresh = self._pending[self._tried:]
+        if len(fresh) > 1:
+            self._pending[self._tried:] = merged(fresh)
         batch = self._pending[:]
         self._round, self._next_round = self._next_round, None
         try:
@@ -300,6 +577,7 @@ class Tenancy:
         return not self._pending
 
     async def _write_batch(self, batch: list[Settlement]) -> None:
+        self._tried = len(batch)  # sent (it may be applied even if the call fails): never merged again
         try:
             await self.store.settle(batch)  # safe to repeat: the store applies each request id once
         except Exception as exc:  # a store bug must not lose usage either (close() spools what is left)
@@ -312,6 +590,7 @@ class Tenancy:
             self._failing = True
             return
         del self._pending[:len(batch)]
+        self._tried = 0
         for s in batch:
             if s.release:
                 self._forget_releases(s.name, (s.request_id,))
@@ -324,15 +603,19 @@ class Tenancy:
         return len(self._pending)
 
     async def close(self) -> None:
-        """At shutdown: write the buffer, else spool it to a file; nothing is lost."""
-        for task in (self._flusher, self._renewer, self._watcher):
+        """At shutdown: write the buffer, else spool it to a file; nothing is lost (the leases kept and the
+        allotments' unused budget are given back with it)."""
+        self._closing = True
+        for task in (self._flusher, self._renewer, self._watcher, self._sweeper, *self._grants):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        self._drop_all()
         if not await self.flush() and self.spool is not None:
             self._spool_out(self._pending)
             self._pending.clear()
+        self._closed = True
         await self.store.close()
 
     def _spool_out(self, settlements: list[Settlement]) -> None:

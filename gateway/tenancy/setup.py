@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.config import Settings, StaticKey, TenancyConfig
 from gateway.tenancy.keys import KeyPolicy, KeyRecord, hash_secret
-from gateway.tenancy.metrics import TenancyMetrics
+from gateway.tenancy.metrics import LimitMetrics, TenancyMetrics
 from gateway.tenancy.service import Tenancy
 from gateway.tenancy.sqlite_store import SQLiteKeyStore, default_keys_path
 from gateway.tenancy.store import KeyStore
@@ -77,5 +77,7 @@ def build_tenancy(settings: Settings, registry: CollectorRegistry | None = None,
     """`database`: the gateway's pool (app.state.database) when `database_url` is set."""
     cfg = settings.tenancy
     metrics = TenancyMetrics(registry) if cfg.key_metrics and registry is not None else None
+    limit_metrics = LimitMetrics(registry) if registry is not None else None
     return Tenancy(open_store(cfg, database), static_keys(settings.api_keys), spool=spool_path(cfg),
-                   on_store_error=cfg.on_store_error, metrics=metrics)
+                   on_store_error=cfg.on_store_error, metrics=metrics, allotments=cfg.allotments,
+                   limit_metrics=limit_metrics)

@@ -27,6 +27,9 @@ class Ticket:
     failed: bool = False
     request_id: str = ""
     """The id its reserve and settle carry (the gateway's own, never the client's x-request-id)."""
+    lease_id: str = ""
+    """The concurrency lease it holds: its own reserve's id, or a lease this process kept from an earlier request
+    of the key (service.py); "" for none."""
     settled: bool = False
 
     def record(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
@@ -37,7 +40,7 @@ class Ticket:
 
     @property
     def holds_slot(self) -> bool:
-        return self.decision is not None and self.limits is not None and self.limits.concurrency is not None
+        return bool(self.lease_id)
 
     @property
     def prompt_used(self) -> int:

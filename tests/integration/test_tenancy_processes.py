@@ -108,6 +108,37 @@ def test_a_per_minute_limit_holds_across_two_gateways(gateways: tuple[RunningGat
     assert usage(two, "burst")["requests"] == 60 and usage(one, "burst")["rejected"] == 90
 
 
+def decided_in_gateway(gw: RunningGateway) -> float:
+    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('enginegate_limit_decisions_total{where="gateway"}'))
+
+
+def test_a_busy_keys_allotments_hold_its_limit_exactly_across_two_gateways(
+        gateways: tuple[RunningGateway, RunningGateway]) -> None:
+    """Clients sending one request after another through both gateways: a busy key, whose requests the gateways
+    admit from allotments the store grants ahead of need (docs/keys.md#allotments-a-busy-key-decided-in-the-gateway).
+    Exactly the limit is served over both, and most of it without a store round trip."""
+    one, two = gateways
+    secret = create_key(one, "allotted", rpm=240, max_concurrency=8, budget_tokens=1_000_000)
+    before = decided_in_gateway(one) + decided_in_gateway(two)
+
+    async def client(url: str, n: int) -> list[int]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            return [(await c.post(url + "/v1/chat/completions", json=chat_body(),
+                                  headers={"Authorization": f"Bearer {secret}"})).status_code for _ in range(n)]
+
+    async def clients() -> list[list[int]]:
+        return await asyncio.gather(*(client(url, 80) for url in (one.url, two.url, one.url, two.url)))
+
+    statuses = Counter(code for codes in asyncio.run(clients()) for code in codes)
+    decided = decided_in_gateway(one) + decided_in_gateway(two) - before
+    print(f"\nrpm 240, 4 clients x 80 requests one after another over two gateways: {dict(statuses)}, "
+          f"{decided:.0f} decided in a gateway")
+    assert statuses == {200: 240, 429: 80}
+    assert decided > 120
+
+
 def test_a_token_budget_is_not_overspent_beyond_the_requests_in_flight(gateways: tuple[RunningGateway, RunningGateway]) -> None:
     """Each request reserves its prompt's estimate plus max_tokens and the settle refunds the rest: the emulator
     counts a prompt's words (1 here), far under the estimate, so the bound (the estimate's error) is 0 and the
