@@ -166,5 +166,7 @@ class AuthMiddleware:
                 await asyncio.shield(self._settle(scope, ticket, status))
 
     async def _settle(self, scope: Scope, ticket: Ticket, status: int) -> None:
-        await self.tenancy.settle(ticket, failed=status >= 400, engine_s=request_timing(scope).upstream)
+        """Queued for the writer, not waited for: the response is complete, and the request's measured duration
+        (MetricsMiddleware, outside this one) must not include the write."""
+        await self.tenancy.settle(ticket, failed=status >= 400, engine_s=request_timing(scope).upstream, wait=False)
 

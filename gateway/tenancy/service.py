@@ -484,10 +484,11 @@ class Tenancy:
                 log.warning("renewing %d concurrency lease(s) failed (%s: %s); trying again in %gs",
                             len(leases), type(exc).__name__, exc, self.lease_renew_s)
 
-    async def settle(self, ticket: Ticket, failed: bool, engine_s: float) -> None:
-        """Write what the request used. Its concurrency lease is kept here for the key's next request (at most
-        LEASE_HOLD_S) while allotments are on, else released by this settle; the settle that ends a lease
-        carries the lease's id, every other settle its request's own."""
+    async def settle(self, ticket: Ticket, failed: bool, engine_s: float, wait: bool = True) -> None:
+        """Write what the request used; `wait`: until its write round ends (the middleware does not wait: its request
+        is answered, and its duration must not count the writer's rounds). Its concurrency lease is kept here for
+        the key's next request (at most LEASE_HOLD_S) while allotments are on, else released by this settle; the
+        settle that ends a lease carries the lease's id, every other settle its request's own."""
         if ticket.settled:
             return
         ticket.settled = True
@@ -513,8 +514,12 @@ class Tenancy:
         elif lease:
             self._forget_lease(lease)  # released by this settle, or it expires
             settle_id, release = lease, True
-        await self._write([Settlement(settle_id, ticket.name, ticket.limits if ticket.decision else None,
-                                      ticket.token_delta(), release, usage)])
+        settlement = Settlement(settle_id, ticket.name, ticket.limits if ticket.decision else None,
+                                ticket.token_delta(), release, usage)
+        if wait:
+            await self._write([settlement])
+        else:
+            self._enqueue([settlement])
 
     # -- writing usage -------------------------------------------------------------------------
     async def _write(self, settlements: list[Settlement]) -> None:

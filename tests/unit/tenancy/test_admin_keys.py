@@ -81,3 +81,39 @@ def test_admin_resets_a_keys_slots_and_turns_auth_off_only_once_every_key_is_rev
         r = c.post("/admin/auth/disable", headers=admin)
         assert r.status_code == 200 and r.json() == {"auth_enabled": True, "config_keys": 1}  # the config's key still rules
         assert c.post("/v1/chat/completions", json=CHAT).status_code == 401
+
+
+def test_a_keyed_requests_measured_duration_does_not_wait_for_its_settle_write(tmp_path: Path) -> None:
+    """The settle is written after the response by the writer task: a slow store write (here 0.5 s) is not part of
+    the request's duration (enginegate_request_duration_seconds, the overhead histogram), and the usage still lands."""
+    import asyncio
+
+    from gateway.tenancy.store import Settlement
+
+    key = {"key": "team-key", "name": "team", "rpm": 1000}
+    with client(tmp_path, api_keys=(key,)) as c:
+        store = c.app.state.tenancy.store  # type: ignore[attr-defined]
+        write = store.settle
+
+        async def slow_settle(settlements: list[Settlement]) -> None:
+            await asyncio.sleep(0.5)
+            await write(settlements)
+
+        store.settle = slow_settle
+        assert c.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer team-key"}).status_code == 200
+        metrics = c.get("/metrics").text
+        total = next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                     if line.startswith("enginegate_request_duration_seconds_sum") and "/v1/chat/completions" in line)
+        assert total < 0.5
+    rows = asyncio.run(_usage(tmp_path))  # closing the app wrote it
+    assert [r["requests"] for r in rows] == [1]
+
+
+async def _usage(tmp_path: Path) -> list[dict[str, object]]:
+    from gateway.tenancy.sqlite_store import SQLiteKeyStore
+
+    store = SQLiteKeyStore(tmp_path / "keys.sqlite3")
+    try:
+        return await store.usage("team")
+    finally:
+        await store.close()
