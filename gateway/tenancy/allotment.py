@@ -135,14 +135,14 @@ def carries(left: Allotment | None, limits: Limits, now: float) -> bool:
 
 
 def granted(limits: Limits, requests: int, unit: int, counters: Counters, now: float,
-            left: Allotment | None, model: str = "") -> Allotment | None:
-    """The allotment after a grant of `requests` x `unit` tokens, with what is left of the current one when it
-    `carries`; None when the grant's windows are too near their reset to be used."""
+            carried: Allotment | None, model: str = "") -> Allotment | None:
+    """The allotment after a grant of `requests` x `unit` tokens, with what is left of `carried` (the current one,
+    when it `carries`); None when the grant's windows are too near their reset to be used."""
     life = lifetime_s(limits, counters)
     if life <= 0:
         return None
     expires = now + life
     tokens = requests * unit
-    if left is not None and carries(left, limits, now):
-        requests, tokens = requests + left.requests, tokens + left.tokens
+    if carried is not None:
+        requests, tokens = requests + carried.requests, tokens + carried.tokens
     return Allotment(limits, requests, tokens, counters, now, expires, requests, model)

@@ -108,8 +108,8 @@ class Tenancy:
         self._pending: list[Settlement] = []
         self._tried = 0  # how many of _pending, from the first, a write has tried (and may have applied)
         self._flusher: asyncio.Task[None] | None = None
-        self._leases: dict[str, str] = {}  # lease id -> key name: the leases held here (requests in flight, kept)
-        self._lease_born: dict[str, float] = {}  # lease id -> when its reserve took it (monotonic)
+        self._leases: dict[str, tuple[str, float]] = {}  # lease id -> (key name, when its reserve took it): the
+        # leases held here, of requests in flight or kept (monotonic time)
         self._renewer: asyncio.Task[None] | None = None
         self.lease_renew_s = lease_renew_s
         self._replayed = False
@@ -244,7 +244,7 @@ class Tenancy:
             demand.seen(now, cost)
             lease = self._idle_lease(record.name) if limits.concurrency else ""
             ticket = self._from_allotment(record, model, limits, cost, charge, lease, now)
-            self._refill(record, limits, model, now)
+            self._refill(record, limits, model, demand, now)
             if ticket is not None:
                 return ticket
         try:
@@ -255,6 +255,12 @@ class Tenancy:
             if lease:  # refused, or the caller left: the kept lease stays kept
                 self._keep_lease(record.name, lease, model)
             raise
+
+    def _slot_taken(self, name: str) -> int:
+        """One more request of the key holds a slot here; how many do now."""
+        in_use = self._in_use.get(name, 0) + 1
+        self._in_use[name] = in_use
+        return in_use
 
     def _new_id(self) -> str:
         """A request id (reserve, settle): unique, and cheaper than a uuid4 per request."""
@@ -275,14 +281,12 @@ class Tenancy:
         if limits.concurrency and not lease:
             return None
         allotted.take(cost)
-        decision = allotted.decision(limits, now, self._in_use.get(record.name, 0) + 1 if lease else 0)
+        decision = allotted.decision(limits, now, self._slot_taken(record.name) if lease else 0)
         if self.limit_metrics is not None:
             self.limit_metrics.in_gateway.inc()
         if not allotted.requests:  # used up: the tokens it still holds go back now, not when it would have ended
             del self._allotted[record.name]
             self._lapse(record.name, allotted)
-        if lease:
-            self._in_use[record.name] = self._in_use.get(record.name, 0) + 1
         return Ticket(record.name, model, limits, decision, charged=cost, estimate=charge.prompt,
                       request_id=self._new_id(), lease_id=lease)
 
@@ -307,9 +311,7 @@ class Tenancy:
         if released and decision.refused != "revoked":  # their leases are gone: no later reserve names them again
             self._forget_releases(record.name, released)
         if decision.refused == "revoked":
-            self._cache.pop(record.secret_hash, None)
-            self._known.pop(record.secret_hash, None)
-            self._drop_key(record.name)
+            self._revoked(record)
             if lease:
                 self._release_lease(record.name, lease, model)
             raise KeyRevoked(record.name)
@@ -323,22 +325,19 @@ class Tenancy:
             raise Refused(decision)
         if self.limit_metrics is not None:
             self.limit_metrics.in_store.inc()
-        if limits.concurrency:
-            self._in_use[record.name] = self._in_use.get(record.name, 0) + 1
+        in_use = self._slot_taken(record.name) if limits.concurrency else 0
         if lease:  # the store counted no slot (it was not asked for one): this gateway's own count
-            decision = dataclasses.replace(decision, counters=dataclasses.replace(
-                decision.counters, inflight=self._in_use[record.name]))
+            decision = dataclasses.replace(decision, counters=dataclasses.replace(decision.counters, inflight=in_use))
         if limits.concurrency and not lease:
             lease = request_id
-            self._leases[lease] = record.name
-            self._lease_born[lease] = time.monotonic()
+            self._leases[lease] = (record.name, time.monotonic())
             if self._renewer is None or self._renewer.done():
                 self._renewer = asyncio.create_task(self._renew_loop())
         return Ticket(record.name, model, limits, decision, charged=cost, estimate=charge.prompt, request_id=request_id,
                       lease_id=lease)
 
     # -- allotments (allotment.py) ---------------------------------------------------------------
-    def _refill(self, record: KeyRecord, limits: Limits, model: str, now: float) -> None:
+    def _refill(self, record: KeyRecord, limits: Limits, model: str, demand: Demand, now: float) -> None:
         """Ask the store for a grant in the background when the key is busy here and its allotment is missing,
         ending, or half used (one grant in flight per key)."""
         name = record.name
@@ -346,9 +345,6 @@ class Tenancy:
             return
         allotted = self._allotted.get(name)
         if allotted is not None and allotted.usable(limits, now) and not allotted.low(now):
-            return
-        demand = self._demand.get(name)
-        if demand is None:
             return
         requests, unit = allotment.grant_size(demand, limits, self._last_counters.get(name))
         if not requests:
@@ -369,9 +365,7 @@ class Tenancy:
         finally:
             self._granting.discard(name)
         if grant.decision.refused == "revoked":
-            self._cache.pop(record.secret_hash, None)
-            self._known.pop(record.secret_hash, None)
-            self._drop_key(name)
+            self._revoked(record)
             return
         self._last_counters[name] = grant.decision.counters
         if not grant.granted:
@@ -380,8 +374,9 @@ class Tenancy:
             self.limit_metrics.granted.inc(grant.granted)
         now = time.monotonic()
         left = self._allotted.pop(name, None)
-        made = allotment.granted(limits, grant.granted, unit, grant.decision.counters, now, left, model)
-        if left is not None and (made is None or not allotment.carries(left, limits, now)):
+        carried = left if allotment.carries(left, limits, now) else None
+        made = allotment.granted(limits, grant.granted, unit, grant.decision.counters, now, carried, model)
+        if left is not None and (made is None or carried is None):
             self._lapse(name, left)  # not carried into the new one: its budget back
         if made is None or self._closing or (not record.static and generation != self._cache_generation):
             if made is not None:  # a key change arrived meanwhile (a revoke?): nothing is admitted from it
@@ -403,6 +398,12 @@ class Tenancy:
             self._enqueue([Settlement(self._new_id(), name, dataclasses.replace(allotted.limits, tpm=None),
                                       -allotted.tokens, False, _usage(name, allotted.model))])
         allotted.requests = allotted.tokens = 0  # given back once, whoever ends it first
+
+    def _revoked(self, record: KeyRecord) -> None:
+        """The store no longer holds this key under its secret: nothing of it stays cached or allotted here."""
+        self._cache.pop(record.secret_hash, None)
+        self._known.pop(record.secret_hash, None)
+        self._drop_key(record.name)
 
     def _drop_key(self, name: str) -> None:
         allotted = self._allotted.pop(name, None)
@@ -432,21 +433,15 @@ class Tenancy:
 
     def _release_lease(self, name: str, lease: str, model: str) -> None:
         """Its release written with the next settles (the settle that ends a lease carries the lease's id)."""
-        self._forget_lease(lease)
+        self._leases.pop(lease, None)
         self._enqueue([Settlement(lease, name, None, 0, True, _usage(name, model))])
 
     def leases_released(self, name: str) -> None:
         """An admin ended every lease of this key in the store: none of this process's is kept or taken again (the
         requests still running end theirs, which the store no longer counts)."""
-        for lease in self._idle.pop(name, {}):
-            self._forget_lease(lease)
-        for lease, holder in self._leases.items():
-            if holder == name:
-                self._lease_born.pop(lease, None)
-
-    def _forget_lease(self, lease: str) -> None:
-        self._leases.pop(lease, None)
-        self._lease_born.pop(lease, None)
+        self._idle.pop(name, None)
+        for lease in [lease for lease, (holder, _) in self._leases.items() if holder == name]:
+            del self._leases[lease]  # a running request's: released by its settle (a no-op now), never kept
 
     async def _sweep_loop(self) -> None:
         """Release the leases no request of their key took within LEASE_HOLD_S; runs while any is kept."""
@@ -475,7 +470,7 @@ class Tenancy:
         """Renew every lease held here, in one store call per round; runs until close()."""
         while True:
             await asyncio.sleep(self.lease_renew_s)
-            leases = [(name, lease) for lease, name in self._leases.items()]
+            leases = [(name, lease) for lease, (name, _) in self._leases.items()]
             if not leases:
                 continue
             try:
@@ -501,18 +496,16 @@ class Tenancy:
         settle_id, release = ticket.request_id or self._new_id(), False
         lease = ticket.lease_id
         if lease:
-            in_use = self._in_use.get(ticket.name, 0) - 1
-            if in_use > 0:
+            in_use = self._in_use.pop(ticket.name, 1) - 1
+            if in_use:
                 self._in_use[ticket.name] = in_use
-            else:
-                self._in_use.pop(ticket.name, None)
-        born = self._lease_born.get(lease)
-        if lease and born is not None and self._local(ticket.name) and time.monotonic() - born < LEASE_REUSE_S:
+        held = self._leases.get(lease)
+        if held is not None and self._local(ticket.name) and time.monotonic() - held[1] < LEASE_REUSE_S:
             self._keep_lease(ticket.name, lease, ticket.model)
             if settle_id == lease:  # the id that will end the lease, later
                 settle_id = self._new_id()
         elif lease:
-            self._forget_lease(lease)  # released by this settle, or it expires
+            self._leases.pop(lease, None)  # released by this settle, or it expires
             settle_id, release = lease, True
         settlement = Settlement(settle_id, ticket.name, ticket.limits if ticket.decision else None,
                                 ticket.token_delta(), release, usage)

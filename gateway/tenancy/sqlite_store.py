@@ -436,21 +436,10 @@ class SQLiteKeyStore:
                secret_hash: str | None) -> Grant:
         """The counters read once, each request decided by `check` in order as `_reserve` would, the total written
         once (no applied ids: a grant is never replayed, its ids are new each time)."""
-        if secret_hash is not None and db.execute("SELECT 1 FROM keys WHERE name = ? AND secret_hash = ?",
-                                                  (name, secret_hash)).fetchone() is None:
+        if not self._active(db, name, secret_hash):
             return Grant(0, Decision(limits, Counters(), "revoked"))
         now_ms = int(time.time() * 1000)
-        requests_used, requests_reset, tokens, tokens_reset = (
-            self._windows(db, name, limits, now_ms) if limits.rpm or limits.tpm else (0, 0, 0, 0))
-        if not limits.rpm:
-            requests_used = requests_reset = 0
-        if not limits.tpm:
-            tokens = tokens_reset = 0
-        used = 0
-        if limits.budget:
-            row = db.execute("SELECT used FROM budgets WHERE name = ? AND period = ?", (name, limits.budget_period)).fetchone()
-            used = int(row[0]) if row else 0
-        counters = Counters(requests_used, requests_reset, tokens, tokens_reset, 0, used)
+        found = counters = self._counters(db, name, limits, now_ms)
         granted = 0
         while granted < requests:
             refused = check(limits, counters, unit_cost)
@@ -458,25 +447,48 @@ class SQLiteKeyStore:
                 if not granted:
                     return Grant(0, Decision(limits, counters, refused))
                 break
-            counters = replace(counters, requests=counters.requests + 1, tokens=counters.tokens + unit_cost,
-                               budget_used=counters.budget_used + unit_cost)
             granted += 1
-        total = granted * unit_cost
-        if limits.rpm and limits.tpm:
-            db.execute(_ADD_WINDOWS, (name, now_ms, granted, total, limits.window_ms))
-        elif limits.rpm:
-            self._add_window(db, name, "requests", now_ms, limits.window_ms, granted)
-        elif limits.tpm:
-            self._add_window(db, name, "tokens", now_ms, limits.window_ms, total)
-        if limits.budget:
-            self._add_budget(db, name, limits.budget_period, total)
-        if not limits.rpm:
-            counters = replace(counters, requests=0)
-        if not limits.tpm:
-            counters = replace(counters, tokens=0)
-        if not limits.budget:
-            counters = replace(counters, budget_used=0)
+            counters = replace(found, requests=found.requests + granted if limits.rpm else 0,
+                               tokens=found.tokens + granted * unit_cost if limits.tpm else 0,
+                               budget_used=found.budget_used + granted * unit_cost if limits.budget else 0)
+        self._charge(db, name, limits, now_ms, granted, granted * unit_cost)
         return Grant(granted, Decision(limits, counters))
+
+    @staticmethod
+    def _active(db: sqlite3.Connection, name: str, secret_hash: str | None) -> bool:
+        """`name` is still an active key under `secret_hash` (None: not checked)."""
+        return secret_hash is None or db.execute("SELECT 1 FROM keys WHERE name = ? AND secret_hash = ?",
+                                                 (name, secret_hash)).fetchone() is not None
+
+    def _counters(self, db: sqlite3.Connection, name: str, limits: Limits, now_ms: int) -> Counters:
+        """What the key's limits count now (0 for a limit it does not have): its windows, live leases, budget."""
+        requests = requests_reset = tokens = tokens_reset = 0
+        if limits.rpm or limits.tpm:
+            requests, requests_reset, tokens, tokens_reset = self._windows(db, name, limits, now_ms)
+            if not limits.rpm:
+                requests = requests_reset = 0
+            if not limits.tpm:
+                tokens = tokens_reset = 0
+        inflight = 0
+        if limits.concurrency:  # live leases only: the expired ones (a killed gateway's) are pruned with the settles
+            inflight = int(db.execute("SELECT count(*) FROM leases WHERE name = ? AND expires_ms > ?",
+                                      (name, now_ms)).fetchone()[0])
+        used = 0
+        if limits.budget:
+            row = db.execute("SELECT used FROM budgets WHERE name = ? AND period = ?", (name, limits.budget_period)).fetchone()
+            used = int(row[0]) if row else 0
+        return Counters(requests, requests_reset, tokens, tokens_reset, inflight, used)
+
+    def _charge(self, db: sqlite3.Connection, name: str, limits: Limits, now_ms: int, requests: int, tokens: int) -> None:
+        """Add `requests` and `tokens` to the key's windows and budget (those it has)."""
+        if limits.rpm and limits.tpm:
+            db.execute(_ADD_WINDOWS, (name, now_ms, requests, tokens, limits.window_ms))
+        elif limits.rpm:
+            self._add_window(db, name, "requests", now_ms, limits.window_ms, requests)
+        elif limits.tpm:
+            self._add_window(db, name, "tokens", now_ms, limits.window_ms, tokens)
+        if limits.budget:
+            self._add_budget(db, name, limits.budget_period, tokens)
 
     @staticmethod
     def _windows(db: sqlite3.Connection, name: str, limits: Limits, now_ms: int) -> tuple[int, int, int, int]:
@@ -496,49 +508,26 @@ class SQLiteKeyStore:
 
     def _reserve(self, db: sqlite3.Connection, name: str, limits: Limits, cost: int, request_id: str,
                  secret_hash: str | None, released: Sequence[str]) -> Decision:
-        if secret_hash is not None and db.execute("SELECT 1 FROM keys WHERE name = ? AND secret_hash = ?",
-                                                  (name, secret_hash)).fetchone() is None:
+        if not self._active(db, name, secret_hash):
             return Decision(limits, Counters(), "revoked")
         if released:
             db.executemany("DELETE FROM leases WHERE name = ? AND request_id = ?", [(name, r) for r in released])
         now_ms = int(time.time() * 1000)
         applied = "r:" + request_id
         replay = db.execute("INSERT OR IGNORE INTO applied (id, at_ms) VALUES (?, ?)", (applied, now_ms)).rowcount == 0
-        if limits.rpm or limits.tpm:
-            requests, requests_reset, tokens, tokens_reset = self._windows(db, name, limits, now_ms)
-            if not limits.rpm:
-                requests = requests_reset = 0
-            if not limits.tpm:
-                tokens = tokens_reset = 0
-        else:
-            requests = requests_reset = tokens = tokens_reset = 0
-        inflight = 0
-        if limits.concurrency:  # live leases only: the expired ones (a killed gateway's) are pruned with the settles
-            inflight = int(db.execute("SELECT count(*) FROM leases WHERE name = ? AND expires_ms > ?",
-                                      (name, now_ms)).fetchone()[0])
-        used = 0
-        if limits.budget:
-            row = db.execute("SELECT used FROM budgets WHERE name = ? AND period = ?", (name, limits.budget_period)).fetchone()
-            used = int(row[0]) if row else 0
-        found = Counters(requests, requests_reset, tokens, tokens_reset, inflight, used)
+        found = self._counters(db, name, limits, now_ms)
         if replay:
             return Decision(limits, found)  # charged once already: admitted as it was
         refused = check(limits, found, cost)
         if refused is not None:
             db.execute("DELETE FROM applied WHERE id = ?", (applied,))  # not charged: its replay is decided afresh
             return Decision(limits, found, refused)
-        if limits.rpm and limits.tpm:
-            db.execute(_ADD_WINDOWS, (name, now_ms, 1, cost, limits.window_ms))
-        elif limits.rpm:
-            self._add_window(db, name, "requests", now_ms, limits.window_ms, 1)
-        elif limits.tpm:
-            self._add_window(db, name, "tokens", now_ms, limits.window_ms, cost)
+        self._charge(db, name, limits, now_ms, 1, cost)
         if limits.concurrency:
             db.execute("INSERT OR REPLACE INTO leases (name, request_id, expires_ms) VALUES (?, ?, ?)",
                        (name, request_id, now_ms + self.lease_ttl_ms))
-        if limits.budget:
-            self._add_budget(db, name, limits.budget_period, cost)
-        return Decision(limits, Counters(requests + 1, requests_reset, tokens + cost, tokens_reset, inflight + 1, used + cost))
+        return Decision(limits, replace(found, requests=found.requests + 1, tokens=found.tokens + cost,
+                                        inflight=found.inflight + 1, budget_used=found.budget_used + cost))
 
     @staticmethod
     def _add_budget(db: sqlite3.Connection, name: str, period: str, n: int) -> None:

@@ -39,10 +39,6 @@ class Ticket:
             self.completion_tokens = completion_tokens
 
     @property
-    def holds_slot(self) -> bool:
-        return bool(self.lease_id)
-
-    @property
     def prompt_used(self) -> int:
         """The engine's count, else the estimate."""
         return self.estimate if self.prompt_tokens is None else self.prompt_tokens

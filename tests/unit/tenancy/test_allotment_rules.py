@@ -12,6 +12,7 @@ from gateway.tenancy.allotment import (
     WINDOW_MARGIN_S,
     Allotment,
     Demand,
+    carries,
     grant_size,
     granted,
 )
@@ -69,7 +70,9 @@ def test_an_allotment_ends_before_its_window_and_merges_with_what_is_left() -> N
     assert b is not None and (b.requests, b.tokens) == (30, 3000)
     assert b.expires == pytest.approx(5.5 + 0.3 - WINDOW_MARGIN_S)
     assert granted(lim, 5, 100, Counters(requests_reset_ms=20, tokens_reset_ms=20), 6.0, None) is None
-    other = granted(limits(rpm=5_000), 4, 0, far, 5.5, a)  # another policy: nothing carried over
+    assert carries(a, lim, 5.5) and not carries(a, lim, 6.0)  # ended: nothing carried over
+    assert not carries(a, limits(rpm=5_000), 5.5) and not carries(None, lim, 5.5)  # another policy, or none
+    other = granted(limits(rpm=5_000), 4, 0, far, 5.5, None)
     assert other is not None and other.requests == 4
 
 
