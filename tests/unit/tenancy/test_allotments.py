@@ -222,3 +222,24 @@ async def test_a_settle_after_close_goes_to_the_spool(tmp_path: Path) -> None:
     await again.start()  # replays it
     assert [r["requests"] for r in await again.store.usage("busy")] == [1]
     await again.close()
+
+
+async def test_one_keys_allotment_is_never_anothers(clients: Clients) -> None:
+    """Two tenants on one gateway: a busy key's allotments are charged to it alone, and the other key, quiet or
+    busy, gets exactly its own limit whatever the first one does."""
+    store = Counting(clients())
+    busy, _ = new_record("busy", KeyPolicy(rpm=300, budget_tokens=1_000_000))
+    other, _ = new_record("other", KeyPolicy(rpm=40, budget_tokens=1_000_000))
+    await store.create(busy)
+    await store.create(other)
+    tenancy = await started(store)
+
+    async def client(record: KeyRecord, n: int) -> int:
+        return sum([await one(tenancy, record) for _ in range(n)])
+
+    served = await asyncio.gather(client(busy, 400), client(other, 60))
+    assert served == [300, 40]
+    assert set(tenancy._allotted) <= {"busy", "other"}
+    lim = Limits.of(other.policy, time.time())
+    assert (await store.inner.reserve("other", lim, 0, "read")).refused == "requests"  # its own 40, no more
+    await tenancy.close()
