@@ -22,6 +22,11 @@ Contract (what adapters/openai_http.py relies on):
   raised by the next read.
 - Cancelling `request` or a read, or `abort()`, closes the connection at once: the engine sees the
   request cancelled. Only a response read to its end and `release()`d goes back to the pool.
+- `deadline` (the running loop's `time()`, or None for none) bounds `request` until the response's
+  headers and each read: past it they raise `TimeoutError` (the request then closes its connection;
+  the reader aborts the response). A timer is armed only while a call actually waits, so a read whose
+  bytes are already there costs nothing: `asyncio.timeout` around every read of a stream was ~4 % of
+  a relayed stream's CPU.
 """
 
 from __future__ import annotations
@@ -129,13 +134,17 @@ class _Connection(asyncio.Protocol):
         self.complete = self._framed = self._keep_alive = False
         self.transport.write(data)
 
-    async def wait(self) -> None:
-        """Until the next callback (headers, body, end, break)."""
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+    async def wait(self, deadline: float | None = None) -> None:
+        """Until the next callback (headers, body, end, break); TimeoutError once `deadline` passes."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
         try:
             await waiter
         finally:
             self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
     def take(self) -> bytes:
         data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
@@ -165,6 +174,11 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
 
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 class HttptoolsResponse:
     """One response; see the module's contract."""
 
@@ -175,7 +189,7 @@ class HttptoolsResponse:
         self._pool = pool
         self.status = conn.status
 
-    async def read(self) -> bytes:
+    async def read(self, deadline: float | None = None) -> bytes:
         conn = self._conn
         while not conn.complete:
             if conn.error is not None:
@@ -183,10 +197,10 @@ class HttptoolsResponse:
             if conn._paused and conn.transport is not None:  # the whole body is wanted anyway
                 conn._paused = False
                 conn.transport.resume_reading()
-            await conn.wait()
+            await conn.wait(deadline)
         return conn.take()
 
-    async def read_chunk(self) -> bytes:
+    async def read_chunk(self, deadline: float | None = None) -> bytes:
         conn = self._conn
         while True:
             if conn.chunks:
@@ -195,7 +209,7 @@ class HttptoolsResponse:
                 return b""
             if conn.error is not None:
                 raise conn.error
-            await conn.wait()
+            await conn.wait(deadline)
 
     def release(self) -> None:
         conn = self._conn
@@ -219,13 +233,14 @@ class HttptoolsClient:
         self._urls: dict[str, tuple[tuple[str, str, int], str]] = {}
         self._ssl: ssl.SSLContext | None = None
 
-    async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> HttptoolsResponse:
+    async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
+                      deadline: float | None = None) -> HttptoolsResponse:
         key, target = self._split(url)
         data = _serialise(method, target, key, headers, body)
         idle = self._take_idle(key)
-        conn = idle or await self._connect(key)
+        conn = idle or await self._connect(key, deadline)
         try:
-            return await self._exchange(conn, data)
+            return await self._exchange(conn, data, deadline)
         except UpstreamDisconnected as exc:
             if idle is None:
                 conn.close()
@@ -236,13 +251,13 @@ class HttptoolsClient:
             raise
         conn.close()
         try:
-            conn = await self._connect(key)
+            conn = await self._connect(key, deadline)
         except UpstreamConnectionError:
             # the engine is gone since it took the request: that request killed it or it died under it,
             # which the first error says (an engine reset), not a refused connection
             raise UpstreamDisconnected(f"{first}; not resent: the engine no longer accepts connections") from None
         try:
-            return await self._exchange(conn, data)
+            return await self._exchange(conn, data, deadline)
         except UpstreamDisconnected as again:
             conn.close()
             raise UpstreamDisconnected(f"{first}; resent: {again}") from None
@@ -250,14 +265,14 @@ class HttptoolsClient:
             conn.close()
             raise
 
-    async def _exchange(self, conn: _Connection, data: bytes) -> HttptoolsResponse:
+    async def _exchange(self, conn: _Connection, data: bytes, deadline: float | None) -> HttptoolsResponse:
         conn.start(data)
         while not conn.status:
             if conn.error is not None:
                 raise UpstreamDisconnected(str(conn.error))
             if conn.closed:
                 raise UpstreamDisconnected("server disconnected")
-            await conn.wait()
+            await conn.wait(deadline)
         return HttptoolsResponse(conn, self)
 
     def _split(self, url: str) -> tuple[tuple[str, str, int], str]:
@@ -295,18 +310,23 @@ class HttptoolsClient:
             idle[:] = [c for c in idle if not c.closed and conn.idle_since - c.idle_since < self._keepalive]
         idle.append(conn)
 
-    async def _connect(self, key: tuple[str, str, int]) -> _Connection:
+    async def _connect(self, key: tuple[str, str, int], deadline: float | None) -> _Connection:
         scheme, host, port = key
         conn = _Connection(key)
         context = None
         if scheme == "https":
             context = self._ssl = self._ssl or ssl.create_default_context()
+        loop = asyncio.get_running_loop()
+        limit = loop.time() + self._connect_timeout
+        bound = limit if deadline is None else min(limit, deadline)
         try:
-            async with asyncio.timeout(self._connect_timeout):
-                await asyncio.get_running_loop().create_connection(
+            async with asyncio.timeout_at(bound):
+                await loop.create_connection(
                     lambda: conn, host, port, ssl=context, server_hostname=host if context else None)
         except TimeoutError:
             conn.close()
+            if bound < limit:
+                raise  # the caller's deadline came first
             raise UpstreamConnectionError(f"cannot connect to {host}:{port}: timed out after {self._connect_timeout:g}s") from None
         except OSError as exc:  # refused, unreachable, DNS (socket.gaierror), TLS (ssl.SSLError)
             raise UpstreamConnectionError(f"cannot connect to {host}:{port}: {exc}") from exc

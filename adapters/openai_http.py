@@ -93,11 +93,13 @@ class Upstream:
 
 
 class UpstreamResponse(Protocol):
+    """`deadline` is the running loop's `time()` past which a read raises TimeoutError (None: no limit)."""
+
     status: int
 
-    async def read(self) -> bytes: ...
+    async def read(self, deadline: float | None = None) -> bytes: ...
 
-    async def read_chunk(self) -> bytes:
+    async def read_chunk(self, deadline: float | None = None) -> bytes:
         """The bytes available now (waits for some); b"" at the end of the body."""
         ...
 
@@ -112,8 +114,10 @@ class UpstreamResponse(Protocol):
 
 class HttpClient(Protocol):
     async def request(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
-    ) -> UpstreamResponse: ...
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None, deadline: float | None = None
+    ) -> UpstreamResponse:
+        """TimeoutError when the response's headers have not come by `deadline` (the loop's time)."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -126,17 +130,19 @@ class _AiohttpResponse:
         self.status = resp.status
         self._broken: UpstreamConnectionError | None = None
 
-    async def read(self) -> bytes:
+    async def read(self, deadline: float | None = None) -> bytes:
         try:
-            return await self._resp.read()
+            async with asyncio.timeout_at(deadline):
+                return await self._resp.read()
         except aiohttp.ClientError as exc:
             raise UpstreamConnectionError(str(exc) or type(exc).__name__) from exc
 
-    async def read_chunk(self) -> bytes:
+    async def read_chunk(self, deadline: float | None = None) -> bytes:
         if self._broken is not None:
             raise self._broken
         try:
-            return await self._resp.content.readany()
+            async with asyncio.timeout_at(deadline):
+                return await self._resp.content.readany()
         except aiohttp.ClientError as exc:
             broken = UpstreamConnectionError(str(exc) or type(exc).__name__)
             left = _left_over(self._resp.content)
@@ -189,8 +195,12 @@ class AiohttpClient:
         return self._session
 
     async def request(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None, deadline: float | None = None
     ) -> UpstreamResponse:
+        async with asyncio.timeout_at(deadline):
+            return await self._request(method, url, headers, body)
+
+    async def _request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> UpstreamResponse:
         session = self._get_session()
         try:
             try:
@@ -244,12 +254,15 @@ class Relay:
         return headers
 
     async def _send(self, method: str, upstream: Upstream, path: str, body: bytes | None,
-                    headers: Mapping[str, str], timeout: float) -> UpstreamResponse:
+                    headers: Mapping[str, str], timeout: float, deadline: float | None = None) -> UpstreamResponse:
+        """The response's headers within `timeout` seconds (and by `deadline`, the whole call's, if sooner)."""
         url = upstream.base_url.rstrip("/") + path
+        limit = asyncio.get_running_loop().time() + timeout
         try:
-            async with asyncio.timeout(timeout):
-                return await self.client.request(method, url, headers, body)
+            return await self.client.request(method, url, headers, body, limit if deadline is None else min(limit, deadline))
         except TimeoutError:
+            if deadline is not None and deadline < limit:
+                raise  # the caller's deadline: it says what ran out
             raise EngineError(f"{self.engine} sent no response within {timeout:.0f}s", 504, "upstream_timeout") from None
         except UpstreamDisconnected as exc:
             raise EngineError(f"{self.engine} connection lost before a response: {exc}", 502, "engine_reset") from exc
@@ -258,8 +271,7 @@ class Relay:
 
     async def _fail(self, resp: UpstreamResponse) -> Exception:
         try:
-            async with asyncio.timeout(self.timeouts.idle):
-                raw = await resp.read()
+            raw = await resp.read(asyncio.get_running_loop().time() + self.timeouts.idle)
             resp.release()
         except (TimeoutError, UpstreamConnectionError):
             resp.abort()
@@ -288,17 +300,17 @@ class Relay:
         """A non-streaming request: the upstream's body passes through as bytes."""
         payload = orjson.dumps(self._body(upstream, body))
         headers = self._headers(upstream, ctx, stream=False)
+        deadline = asyncio.get_running_loop().time() + self.timeouts.total
         try:
-            async with asyncio.timeout(self.timeouts.total):
-                resp = await self._send("POST", upstream, path, payload, headers, self.timeouts.first_byte)
-                if resp.status != 200:
-                    raise await self._fail(resp)
-                try:
-                    raw = await resp.read()
-                except BaseException:
-                    resp.abort()
-                    raise
-                resp.release()
+            resp = await self._send("POST", upstream, path, payload, headers, self.timeouts.first_byte, deadline)
+            if resp.status != 200:
+                raise await self._fail(resp)
+            try:
+                raw = await resp.read(deadline)
+            except BaseException:
+                resp.abort()
+                raise
+            resp.release()
         except TimeoutError:
             raise EngineError(f"{self.engine} did not finish within {self.timeouts.total:.0f}s", 504, "upstream_timeout") from None
         except UpstreamConnectionError as exc:
@@ -327,13 +339,13 @@ class Relay:
                       tool_deltas: ToolCallDeltas | None = None) -> AsyncIterator[StreamEvent]:
         parser = SSEParser()
         timeout = self.timeouts.first_byte
+        time = asyncio.get_running_loop().time
         finished = False  # [DONE] seen, or a finish_reason (engines that omit [DONE])
         clean = False
         try:
             while True:
                 try:
-                    async with asyncio.timeout(timeout):
-                        chunk = await resp.read_chunk()
+                    chunk = await resp.read_chunk(time() + timeout)
                 except TimeoutError:
                     yield error_event(f"{self.engine} sent nothing for {timeout:.0f}s; stream abandoned", "upstream_timeout", "timeout_error")
                     return

@@ -36,12 +36,14 @@ class _HttpxResponse:
         self.status = resp.status_code
         self._chunks = resp.aiter_raw()
 
-    async def read(self) -> bytes:
-        return await self._resp.aread()
+    async def read(self, deadline: float | None = None) -> bytes:
+        async with asyncio.timeout_at(deadline):
+            return await self._resp.aread()
 
-    async def read_chunk(self) -> bytes:
+    async def read_chunk(self, deadline: float | None = None) -> bytes:
         try:
-            return await self._chunks.__anext__()
+            async with asyncio.timeout_at(deadline):
+                return await self._chunks.__anext__()
         except StopAsyncIteration:
             return b""
         except httpx.TransportError as exc:
@@ -66,9 +68,11 @@ class HttpxClient:
             transport = AiohttpTransport(limits=limits)
         self._client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=10.0), transport=transport)
 
-    async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> UpstreamResponse:
+    async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
+                      deadline: float | None = None) -> UpstreamResponse:
         try:
-            resp = await self._client.send(self._client.build_request(method, url, headers=headers, content=body), stream=True)
+            async with asyncio.timeout_at(deadline):
+                resp = await self._client.send(self._client.build_request(method, url, headers=headers, content=body), stream=True)
         except httpx.TransportError as exc:
             raise UpstreamConnectionError(str(exc)) from exc
         return _HttpxResponse(resp)
@@ -83,12 +87,14 @@ class _AiosonicResponse:
         self.status = resp.status_code
         self._chunks = resp.read_chunks()
 
-    async def read(self) -> bytes:
-        return await self._resp.content()  # type: ignore[no-any-return]
+    async def read(self, deadline: float | None = None) -> bytes:
+        async with asyncio.timeout_at(deadline):
+            return await self._resp.content()  # type: ignore[no-any-return]
 
-    async def read_chunk(self) -> bytes:
+    async def read_chunk(self, deadline: float | None = None) -> bytes:
         try:
-            return await self._chunks.__anext__()  # type: ignore[no-any-return]
+            async with asyncio.timeout_at(deadline):
+                return await self._chunks.__anext__()  # type: ignore[no-any-return]
         except StopAsyncIteration:
             return b""
 
@@ -104,9 +110,11 @@ class AiosonicClient:
 
         self._client = aiosonic.HTTPClient()
 
-    async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> UpstreamResponse:
+    async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
+                      deadline: float | None = None) -> UpstreamResponse:
         try:
-            resp = await self._client.request(url, method, headers=dict(headers), data=body, stream=True)
+            async with asyncio.timeout_at(deadline):
+                resp = await self._client.request(url, method, headers=dict(headers), data=body, stream=True)
         except OSError as exc:
             raise UpstreamConnectionError(str(exc)) from exc
         return _AiosonicResponse(resp)

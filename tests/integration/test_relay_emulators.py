@@ -164,6 +164,24 @@ async def test_stream_faults_end_with_one_error_event_never_a_hang(style: str, f
     assert orjson.loads(events[-1].data)["error"]["code"] == code
 
 
+@pytest.mark.parametrize(("timeouts", "says"), [
+    (Timeouts(first_byte=0.3), "sent no response within"),  # no headers in time
+    (Timeouts(first_byte=10.0, total=0.3), "did not finish within"),  # the whole call's deadline comes first
+])
+async def test_a_slow_answer_is_504_upstream_timeout_by_the_first_deadline_to_pass(timeouts: Timeouts, says: str) -> None:
+    with running_emulator("vllm", "--tokens", "2", "--ttft-ms", "1500") as emu:
+        relay = Relay("vllm", timeouts)
+        try:
+            with pytest.raises(EngineError) as info:
+                await relay.forward(Upstream(emu.url), CHAT, PROMPT, ctx())
+            assert info.value.status == 504 and info.value.code == "upstream_timeout" and says in info.value.message
+            events = await collect(await relay.forward(Upstream(emu.url), CHAT, {**PROMPT, "stream": True}, ctx()))
+        finally:
+            await relay.aclose()
+    if timeouts.first_byte < 1:  # the stream's headers come at once; its first event is late
+        assert len(events) == 1 and orjson.loads(events[0].data)["error"]["code"] == "upstream_timeout"
+
+
 @pytest.mark.parametrize(("status", "mapped", "cls"), [(500, 502, EngineError), (503, 503, EngineError),
                                                        (429, 429, ClientRequestError), (404, 404, ClientRequestError)])
 async def test_engine_status_mapping(status: int, mapped: int, cls: type[Exception]) -> None:

@@ -262,6 +262,58 @@ async def test_cancelling_a_request_closes_its_connection() -> None:
         server.close()
 
 
+async def test_a_deadline_before_the_headers_raises_timeout_and_closes_the_connection() -> None:
+    closed = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        if await reader.read(1) == b"":
+            closed.set()
+        writer.close()
+
+    server, url = await serve(silent)
+    client = HttptoolsClient()
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await client.request("POST", url + "/", {}, b"{}", deadline=started + 0.2)
+        assert loop.time() - started >= 0.2
+        await closed.wait()  # the engine sees the request cancelled
+        assert not client._idle.get(client._split(url + "/")[0])  # nothing half-read back in the pool
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_a_read_deadline_bounds_each_wait_and_bytes_already_there_never_time_out() -> None:
+    go_on = asyncio.Event()
+
+    async def pauses(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await writer.drain()
+        await go_on.wait()
+        writer.write(b"3\r\ndef\r\n0\r\n\r\n")
+        await writer.drain()
+
+    server, url = await serve(pauses)
+    client = HttptoolsClient()
+    try:
+        loop = asyncio.get_running_loop()
+        resp = await client.request("GET", url + "/", {}, None, deadline=loop.time() + 5)
+        await asyncio.sleep(0.1)  # "abc" has arrived
+        assert await resp.read_chunk(deadline=loop.time() - 1) == b"abc"  # there already: no wait, no timeout
+        with pytest.raises(TimeoutError):
+            await resp.read_chunk(deadline=loop.time() + 0.1)  # the engine pauses past it
+        go_on.set()
+        assert await resp.read(deadline=loop.time() + 5) == b"def"  # a timed-out wait leaves the response readable
+        resp.abort()
+    finally:
+        await client.aclose()
+        server.close()
+
+
 async def test_a_slow_reader_pauses_the_connection_and_gets_every_byte() -> None:
     total = 64 * HIGH_WATER  # past what loopback's socket buffers hold
     sent = asyncio.Event()

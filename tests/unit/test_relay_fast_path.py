@@ -70,7 +70,7 @@ async def test_a_relayed_read_with_several_events_marks_all_but_its_last() -> No
         status = 200
         chunks = [body, b""]
 
-        async def read_chunk(self) -> bytes:
+        async def read_chunk(self, deadline: float | None = None) -> bytes:
             return self.chunks.pop(0)
 
         def release(self) -> None: ...

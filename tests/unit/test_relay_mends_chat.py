@@ -24,10 +24,10 @@ class _Response:
         self.status = 200
         self._pieces = [body[i:i + 97] for i in range(0, len(body), 97)] + [b""]
 
-    async def read(self) -> bytes:
+    async def read(self, deadline: float | None = None) -> bytes:
         return b"".join(self._pieces)
 
-    async def read_chunk(self) -> bytes:
+    async def read_chunk(self, deadline: float | None = None) -> bytes:
         return self._pieces.pop(0)
 
     def release(self) -> None: ...
@@ -41,7 +41,8 @@ class _Upstream:
     def __init__(self, body: bytes) -> None:
         self.body = body
 
-    async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> _Response:
+    async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
+                      deadline: float | None = None) -> _Response:
         return _Response(self.body)
 
     async def aclose(self) -> None: ...
