@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import platform
+from bisect import bisect_left
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -156,6 +157,25 @@ class TracedHistogram(Histogram):
         if exemplar is None and switch.ON:
             exemplar = trace_exemplar()
         _observe(self, amount, exemplar)
+
+    def observe_all(self, amounts: list[float]) -> None:
+        """Several observations of this child at once, as many `observe` calls would record them: each
+        bucket touched and the sum are counted once (a lock each), not once per value. A stream's
+        inter-token gaps come here in batches (one `observe` per token was ~2 % of a relayed stream's
+        CPU). With tracing on, each value goes through `observe`, which keeps its exemplar."""
+        if switch.ON:
+            for amount in amounts:
+                self.observe(amount)
+            return
+        buckets = self._buckets  # prometheus_client's non-cumulative per-bucket values
+        bounds = self._upper_bounds  # ends with +Inf, so every value has a bucket
+        counts: dict[int, int] = {}
+        for amount in amounts:
+            index = bisect_left(bounds, amount)  # the first bound with amount <= bound, as observe finds it
+            counts[index] = counts.get(index, 0) + 1
+        for index, count in counts.items():
+            buckets[index].inc(count)
+        self._sum.inc(sum(amounts))
 
 
 def route_label(path: str) -> str:

@@ -71,6 +71,9 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_RAW_HEADERS = StreamingResponse(iter(()), media_type="text/event-stream", headers=SSE_HEADERS).raw_headers
 """What Starlette's StreamingResponse sent for a stream (content-type with its charset)."""
 DONE = b"data: [DONE]\n\n"
+ITL_BATCH = 32
+"""A stream's inter-token gaps reach the ITL histogram this many at a time (and the rest at its end):
+at 20 tokens/s a live stream's gaps show within 1.6 s, at a fraction of one observation per token."""
 SHUTDOWN_MESSAGE = "the gateway is shutting down: the drain grace period ended before this request finished"
 
 
@@ -490,6 +493,8 @@ async def _sse(
     failure: BaseException | None = None
     finish_reason: str | None = None
     response_model: str | None = None
+    gaps: list[float] = []  # inter-token gaps not yet in the ITL histogram (observed in batches)
+    itl = m.itl.labels(backend.model_id, backend.engine)
     drain = drain or Drain(grace=0.0)
     guarded = drain.register()  # the drain may end this stream: an error event, then the end
     try:
@@ -506,7 +511,10 @@ async def _sse(
                             segment.attempt.first_token(first_at)
                             response_model = chunk_model(event.data) if event.data else None
                     else:
-                        m.itl.labels(backend.model_id, backend.engine).observe(now - last_at)
+                        gaps.append(now - last_at)
+                        if len(gaps) == ITL_BATCH:
+                            itl.observe_all(gaps)
+                            gaps = []
                     last_at = now
                 if event.usage is not None:
                     usage = event.usage
@@ -551,6 +559,8 @@ async def _sse(
         m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
         yield held + await writer.end()
     finally:
+        if gaps:
+            itl.observe_all(gaps)
         drain.unregister(guarded)
         await events.aclose()  # type: ignore[attr-defined]
         segment.lease.report(usage)

@@ -21,7 +21,7 @@ from gateway.api.serving import _sse
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.drain import Drain
-from gateway.metrics import GatewayMetrics, Histogram
+from gateway.metrics import GatewayMetrics, Histogram, TracedHistogram
 from gateway.routing import Admission, Backend
 from gateway.runtime import runtime_for_adapters
 from tests.fakes import EchoAdapter
@@ -60,6 +60,22 @@ def test_cached_children_are_dropped_with_remove() -> None:
     h.remove("a")
     h.labels("a").observe(2)
     assert r.get_sample_value("h_seconds_sum", {"model": "a"}) == 2
+
+
+@pytest.mark.parametrize("amounts", [
+    [0.0, 0.001, 0.005, 0.005, 0.0051, 0.3, 7.5, 1e9, 0.02, 0.001],  # on and between bounds, past the last
+    [0.004],
+])
+def test_observe_all_records_what_one_observe_per_value_records(amounts: list[float]) -> None:
+    registry = CollectorRegistry()
+    one = TracedHistogram("one_seconds", "h", ["model"], buckets=(0.001, 0.005, 0.02, 0.3, 7.5), registry=registry)
+    many = TracedHistogram("many_seconds", "h", ["model"], buckets=(0.001, 0.005, 0.02, 0.3, 7.5), registry=registry)
+    for amount in amounts:
+        one.labels("m").observe(amount)
+    many.labels("m").observe_all(amounts)
+    samples = {f.name: [(s.name.split("_seconds")[1], s.labels, s.value) for s in f.samples if not s.name.endswith("_created")]
+               for f in registry.collect()}
+    assert samples["one_seconds"] == samples["many_seconds"]
 
 
 async def test_a_relayed_read_with_several_events_marks_all_but_its_last() -> None:
@@ -117,3 +133,4 @@ async def test_client_watch_cancels_its_task_on_disconnect_and_not_after_stop() 
     await asyncio.sleep(0)
     await left.put({"type": "http.disconnect"})
     assert await task == "finished"
+
