@@ -68,8 +68,11 @@ class ClientWatch:
         return self._gone
 
     def stop(self) -> None:
+        """From now on a disconnect cancels nothing. The watcher is not cancelled: its `receive` returns
+        `http.disconnect` once the response is complete (ASGI servers answer every `receive` after the
+        last message so), and it ends then by itself, which costs less than a cancellation thrown
+        through its frames."""
         self._live = False
-        self._watcher.cancel()
 
     def caused(self) -> bool:
         """In an `except CancelledError` of the watched task: True when the client's leaving cancelled

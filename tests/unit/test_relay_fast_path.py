@@ -134,3 +134,33 @@ async def test_client_watch_cancels_its_task_on_disconnect_and_not_after_stop() 
     await left.put({"type": "http.disconnect"})
     assert await task == "finished"
 
+
+async def test_a_stopped_watch_ends_by_itself_once_uvicorn_completes_the_response() -> None:
+    """ClientWatch.stop() does not cancel its watcher: under the real server every request's watcher
+    must still end (no task left behind per request), streamed or not."""
+    import httpx
+    import uvicorn
+
+    from adapters.process import free_port
+
+    port = free_port()
+    app = create_app(Settings(), runtime_for_adapters(Settings(), {"echo": EchoAdapter()}))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    serving = asyncio.ensure_future(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.02)
+        body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:  # one kept-alive connection
+            for stream in (False, True) * 5:
+                r = await client.post("/v1/chat/completions", json={**body, "stream": stream})
+                assert r.status_code == 200
+            for _ in range(50):
+                watchers = [t for t in asyncio.all_tasks() if "ClientWatch._watch" in repr(t.get_coro())]
+                if not watchers:
+                    break
+                await asyncio.sleep(0.02)
+            assert not watchers
+    finally:
+        server.should_exit = True
+        await serving
