@@ -220,3 +220,22 @@ def test_metrics_registry_is_per_app() -> None:
     a, b = GatewayMetrics(gpu=False), GatewayMetrics(gpu=False)
     a.errors.labels("m", "engine").inc()
     assert b"enginegate_errors_total{" not in b.render()
+
+
+def test_request_ids_are_distinct_hex_across_refills_and_fresh_in_a_forked_child() -> None:
+    import os
+
+    from gateway.metrics import new_request_id
+
+    ids = [new_request_id() for _ in range(1000)]  # several draws of the pool
+    assert len(set(ids)) == 1000 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first id must not be the parent's next one
+        os.write(write, new_request_id().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.close(write)
+    assert child != new_request_id() and len(child) == 32
