@@ -41,9 +41,9 @@ class Drain:
         self.on_start: list[Callable[[], None]] = []
         """Called when the drain starts: what never ends by itself (the live request stream) ends then."""
 
-    def register(self) -> asyncio.Task[object]:
-        """Register the current task as one the drain may end at expiry; `unregister` it after."""
-        task = asyncio.current_task()
+    def register(self, task: asyncio.Task[object] | None = None) -> asyncio.Task[object]:
+        """Register `task` (the current one when None) as one the drain may end at expiry; `unregister` it after."""
+        task = task or asyncio.current_task()
         assert task is not None
         self._guarded.add(task)
         return task

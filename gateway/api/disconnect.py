@@ -49,7 +49,7 @@ class ClientWatch:
     def __init__(self, receive: Receive) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._task = task
+        self._task: asyncio.Task[object] = task
         self._live = True
         self._gone = False
         self._taken_back = False
@@ -61,6 +61,11 @@ class ClientWatch:
             self._live = False
             self._gone = True
             self._task.cancel()
+
+    @property
+    def task(self) -> asyncio.Task[object]:
+        """The watched task (the request's own)."""
+        return self._task
 
     @property
     def gone(self) -> bool:
