@@ -108,6 +108,9 @@ def build_server(app: FastAPI, settings: Settings) -> DrainingServer:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        # uvicorn's access lines are info: above it they are never written, yet their arguments (client
+        # address, path) would still be formatted on every request
+        access_log=settings.log_level.lower() in ("trace", "debug", "info"),
         http=header_timeout_protocol(settings.header_timeout_seconds),
         limit_concurrency=settings.max_connections,
         timeout_graceful_shutdown=5,

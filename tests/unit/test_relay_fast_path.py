@@ -164,3 +164,12 @@ async def test_a_stopped_watch_ends_by_itself_once_uvicorn_completes_the_respons
     finally:
         server.should_exit = True
         await serving
+
+
+@pytest.mark.parametrize(("level", "access_log"), [("info", True), ("debug", True), ("warning", False), ("error", False)])
+def test_uvicorn_formats_access_lines_only_where_its_level_writes_them(level: str, access_log: bool) -> None:
+    from gateway.server import build_server
+
+    settings = Settings(log_level=level)  # type: ignore[arg-type]
+    server = build_server(create_app(settings, runtime_for_adapters(settings, {"echo": EchoAdapter()})), settings)
+    assert server.config.access_log is access_log
