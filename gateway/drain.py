@@ -7,7 +7,7 @@
     then the server exits (uvicorn closes connections, the lifespan stops the engines).
 
 Concurrency rule: everything runs on the event loop. A request that may have to be ended
-registers its task with `guard()`; at expiry the drain cancels those tasks, and the code that
+registers its task (`register`, then `unregister` when done); at expiry the drain cancels those tasks, and the code that
 catches the CancelledError asks `ending()` whether it was the drain (then it uncancels itself
 and finishes its response) or a real cancellation (then it re-raises).
 """
@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -51,14 +50,6 @@ class Drain:
     def unregister(self, task: asyncio.Task[object]) -> None:
         self._guarded.discard(task)
         self._ended.discard(task)
-
-    @contextmanager
-    def guard(self) -> Iterator[None]:
-        task = self.register()
-        try:
-            yield
-        finally:
-            self.unregister(task)
 
     def ending(self) -> bool:
         """True in a task the drain is ending (it cancelled it); the caller uncancels and finishes."""

@@ -8,8 +8,7 @@ stream). The gateway's own overhead is what is left: total - queued - upstream.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -25,14 +24,6 @@ class RequestTiming:
     """Seconds spent inside the adapter: its call and, for a stream, waiting for each event."""
     queued: float = 0.0
     """Seconds spent waiting for a free engine slot (admission)."""
-
-    @contextmanager
-    def upstream_span(self) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.upstream += time.perf_counter() - started
 
     def overhead(self, total: float) -> float:
         return max(0.0, total - self.upstream - self.queued)
@@ -58,7 +49,7 @@ class TimedStream(Generic[T]):
         return self
 
     async def __anext__(self) -> T:
-        started = time.perf_counter()  # upstream_span, inline: this runs once per streamed event
+        started = time.perf_counter()
         try:
             return await self._inner.__anext__()
         finally:
