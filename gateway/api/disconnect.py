@@ -47,13 +47,14 @@ class ClientWatch:
     __slots__ = ("_task", "_watcher", "_live", "_gone", "_taken_back")
 
     def __init__(self, receive: Receive) -> None:
-        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         assert task is not None
         self._task: asyncio.Task[object] = task
         self._live = True
         self._gone = False
         self._taken_back = False
-        self._watcher = asyncio.ensure_future(self._watch(receive))
+        self._watcher = loop.create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         await _disconnected(receive)
