@@ -381,6 +381,12 @@ async def generate(
     return await dialect.complete(result)
 
 
+class LastChunk(bytes):
+    """A stream's final bytes (its end, or the error that ends it): `EventStream` sends them as the
+    response's last message, which uvicorn writes with the chunked body's terminator in one system
+    call instead of two (~1.5 % of a relayed stream's CPU). `_sse` ends after yielding one."""
+
+
 class EventStream(Response):
     """The SSE response: each chunk one body message; the request's `ClientWatch` goes on watching, so
     a client that leaves cancels the stream where it waits (then `_sse` closes the adapter's stream
@@ -400,8 +406,12 @@ class EventStream(Response):
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             async for chunk in self._chunks:
+                if type(chunk) is LastChunk:  # the response's last message: one write, not two
+                    self._watch.stop()  # before the last message, after which every receive says disconnect
+                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    return
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            self._watch.stop()  # before the last message, after which every receive says disconnect
+            self._watch.stop()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not self._watch.caused():
@@ -535,35 +545,36 @@ async def _sse(
                     continue
                 if held:
                     out, held = held + out, b""
-                if out:
-                    yield out
                 if event.is_error:
                     ended = True
+                    yield LastChunk(out)
                     return
+                if out:
+                    yield out
         except asyncio.CancelledError:
             if not drain.ending():
                 raise
             m.errors.labels(backend.model_id, "cancelled").inc()
             ended = True
-            yield held + writer.error(503, SHUTDOWN_MESSAGE)
+            yield LastChunk(held + writer.error(503, SHUTDOWN_MESSAGE))
             return
         except (EngineError, UnsupportedError, ClientRequestError) as exc:
             _count_error(m, backend, exc)
             failure = exc
             ended = True
             status = getattr(exc, "status", 400)
-            yield held + writer.error(status, exc.message)
+            yield LastChunk(held + writer.error(status, exc.message))
             return
         except Exception as exc:  # never a hung or half-open stream
             log.exception("stream failed")
             _count_error(m, backend, exc)
             failure = exc
             ended = True
-            yield held + writer.error(500, f"stream failed: {type(exc).__name__}")
+            yield LastChunk(held + writer.error(500, f"stream failed: {type(exc).__name__}"))
             return
         ended = True
         m.e2e.labels(backend.model_id, backend.engine).observe(time.perf_counter() - arrived)
-        yield held + await writer.end()
+        yield LastChunk(held + await writer.end())
     finally:
         if gaps:
             itl.observe_all(gaps)

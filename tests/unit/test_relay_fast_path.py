@@ -17,7 +17,7 @@ from gateway.api.disconnect import ClientWatch
 from gateway.api.errors import APIError
 from gateway.api.hot_routes import exception_handler
 from gateway.api.resume import Held
-from gateway.api.serving import _sse
+from gateway.api.serving import EventStream, LastChunk, _sse
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.drain import Drain
@@ -173,3 +173,28 @@ def test_uvicorn_formats_access_lines_only_where_its_level_writes_them(level: st
     settings = Settings(log_level=level)  # type: ignore[arg-type]
     server = build_server(create_app(settings, runtime_for_adapters(settings, {"echo": EchoAdapter()})), settings)
     assert server.config.access_log is access_log
+
+
+@pytest.mark.parametrize(("chunks", "bodies"), [
+    ([b"a", LastChunk(b"z")], [(b"a", True), (b"z", False)]),  # the end rides on the last chunk
+    ([b"a", b"b"], [(b"a", True), (b"b", True), (b"", False)]),  # no last chunk: an empty end
+])
+async def test_event_stream_sends_its_last_chunk_as_the_last_message(chunks: list[bytes],
+                                                                      bodies: list[tuple[bytes, bool]]) -> None:
+    after: list[bytes] = []
+
+    async def gen():  # type: ignore[no-untyped-def]
+        for c in chunks:
+            yield c
+        after.append(b"read past the last chunk")
+
+    left: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    await EventStream(gen(), ClientWatch(left.get))({"type": "http"}, left.get, send)  # type: ignore[arg-type]
+    assert sent[0]["type"] == "http.response.start"
+    assert [(m["body"], m["more_body"]) for m in sent[1:]] == bodies
+    assert not after or type(chunks[-1]) is not LastChunk  # nothing asked of the stream after its last chunk
