@@ -117,3 +117,23 @@ async def _usage(tmp_path: Path) -> list[dict[str, object]]:
         return await store.usage("team")
     finally:
         await store.close()
+
+
+def test_a_keyed_streams_usage_is_what_the_engine_reported_not_the_estimate(tmp_path: Path) -> None:
+    """The stream's usage reaches its ticket before the response's last message, which settles it: the usage
+    ledger holds the engine's counts for a stream as for a JSON answer."""
+    import asyncio
+
+    key = {"key": "team-key", "name": "team", "rpm": 1000}
+    auth = {"Authorization": "Bearer team-key"}
+    with client(tmp_path, api_keys=(key,)) as c:
+        answer = c.post("/v1/chat/completions", json=CHAT, headers=auth).json()["usage"]
+        with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True,
+                                                             "stream_options": {"include_usage": True}}, headers=auth) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+        streamed = [u for u in (__import__("json").loads(line[6:]).get("usage") for line in lines) if u]
+    assert streamed and streamed[-1]["completion_tokens"] == answer["completion_tokens"]
+    rows = asyncio.run(_usage(tmp_path))
+    assert [r["requests"] for r in rows] == [2]
+    assert rows[0]["completion_tokens"] == 2 * answer["completion_tokens"]
+    assert rows[0]["prompt_tokens"] == 2 * answer["prompt_tokens"]
