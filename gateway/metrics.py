@@ -139,11 +139,24 @@ class Gauge(_CachedChildren, prometheus_client.Gauge):
     pass
 
 
-class Histogram(_CachedChildren, prometheus_client.Histogram):
-    pass
-
-
 _observe = prometheus_client.Histogram.observe  # called directly: super() costs a frame per token
+
+
+class Histogram(_CachedChildren, prometheus_client.Histogram):
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        """prometheus_client's observe, its bucket found by bisection rather than a scan of every bound in
+        Python (a request makes about ten observations). With an exemplar, on a family rather than a child,
+        or for NaN (which prometheus_client counts in no bucket), its own."""
+        if exemplar is not None or amount != amount:
+            _observe(self, amount, exemplar)
+            return
+        try:
+            buckets, bounds, total = self._buckets, self._upper_bounds, self._sum
+        except AttributeError:  # a family with labels: prometheus_client says what to do instead
+            _observe(self, amount, exemplar)
+            return
+        total.inc(amount)
+        buckets[bisect_left(bounds, amount)].inc(1)
 
 
 class TracedHistogram(Histogram):
@@ -156,7 +169,7 @@ class TracedHistogram(Histogram):
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
         if exemplar is None and switch.ON:
             exemplar = trace_exemplar()
-        _observe(self, amount, exemplar)
+        Histogram.observe(self, amount, exemplar)
 
     def observe_all(self, amounts: list[float]) -> None:
         """Several observations of this child at once, as many `observe` calls would record them: each

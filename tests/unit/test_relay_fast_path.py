@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import prometheus_client
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
@@ -66,16 +67,21 @@ def test_cached_children_are_dropped_with_remove() -> None:
     [0.0, 0.001, 0.005, 0.005, 0.0051, 0.3, 7.5, 1e9, 0.02, 0.001],  # on and between bounds, past the last
     [0.004],
 ])
-def test_observe_all_records_what_one_observe_per_value_records(amounts: list[float]) -> None:
+def test_our_observe_and_observe_all_record_what_prometheus_clients_observe_records(amounts: list[float]) -> None:
     registry = CollectorRegistry()
-    one = TracedHistogram("one_seconds", "h", ["model"], buckets=(0.001, 0.005, 0.02, 0.3, 7.5), registry=registry)
-    many = TracedHistogram("many_seconds", "h", ["model"], buckets=(0.001, 0.005, 0.02, 0.3, 7.5), registry=registry)
+    bounds = (0.001, 0.005, 0.02, 0.3, 7.5)
+    reference = prometheus_client.Histogram("reference_seconds", "h", ["model"], buckets=bounds, registry=registry)
+    one = TracedHistogram("one_seconds", "h", ["model"], buckets=bounds, registry=registry)
+    many = TracedHistogram("many_seconds", "h", ["model"], buckets=bounds, registry=registry)
     for amount in amounts:
+        reference.labels("m").observe(amount)
         one.labels("m").observe(amount)
     many.labels("m").observe_all(amounts)
     samples = {f.name: [(s.name.split("_seconds")[1], s.labels, s.value) for s in f.samples if not s.name.endswith("_created")]
                for f in registry.collect()}
-    assert samples["one_seconds"] == samples["many_seconds"]
+    assert samples["one_seconds"] == samples["reference_seconds"] == samples["many_seconds"]
+    with pytest.raises(ValueError):
+        one.observe(1.0)  # the family, not a child: prometheus_client's own refusal
 
 
 async def test_a_relayed_read_with_several_events_marks_all_but_its_last() -> None:
