@@ -10,8 +10,9 @@ serving both emulators through the `openai` (external) adapter, i.e. the relay i
 
 Each round measures, direct then through the gateway (interleaved, so the machine's noise hits
 both alike): latency at concurrency 1, requests/s at concurrency 32 without streaming and with
-streaming (16-token streams), and the serving process's CPU time per request (the emulator's for
-direct, the gateway's through it), which is what bounds the gateway on a busy machine. Ratios are
+streaming (16-token streams), and the serving process's CPU time per request at c=1 and c=32 (the
+emulator's for direct, the gateway's through it): at c=32 what bounds the gateway on a busy machine,
+at c=1 most of the latency it adds (every wakeup and system call paid by one request). Ratios are
 the medians over the rounds of each round's ratio. Then, once: added time to first token, added
 delay per event and whether any two events reached the client coalesced, on the paced upstream.
 
@@ -84,14 +85,17 @@ async def measure(t: Target, requests: int) -> dict[str, float]:
     streamed = {**body, "stream": True}
     await load(t.url, 8, 200, body)  # warm-up: connections, caches
     await load(t.url, 8, 100, streamed)
-    c1 = await load(t.url, 1, max(300, requests // 3), body)
+    c1_requests = max(300, requests // 3)
+    start = cpu_seconds(t.pid)
+    c1 = await load(t.url, 1, c1_requests, body)
     before = cpu_seconds(t.pid)
     c32 = await load(t.url, 32, requests, body)
     mid = cpu_seconds(t.pid)
     s32 = await load(t.url, 32, requests // 2, streamed)
     after = cpu_seconds(t.pid)
     return {"p50_ms": c1.p50_ms, "p99_ms": c1.p99_ms, "rps32": c32.rps, "stream_rps32": s32.rps,
-            "cpu_us": (mid - before) / requests * 1e6, "stream_cpu_us": (after - mid) / (requests // 2) * 1e6}
+            "cpu_us": (mid - before) / requests * 1e6, "stream_cpu_us": (after - mid) / (requests // 2) * 1e6,
+            "c1_cpu_us": (before - start) / c1_requests * 1e6}
 
 
 def _gateway(tree: Path, port: int, fast: str, paced: str, cpu: int | None) -> subprocess.Popen[bytes]:
@@ -193,7 +197,8 @@ def report(targets: list[Target], streams: dict[str, Any], args: argparse.Namesp
         ratio = per_round(relays[0], lambda g, d, k=key: g[k] / d[k])
         cells = [f"{med(t, key):.0f} ({per_round(t, lambda g, d, k=key: g[k] / d[k]):.0%} of direct)" for t in relays]
         print(f"| {label} | {med(direct, key):.0f} | {' | '.join(cells)} | >= {target:.0%} {verdict(ratio >= target)} |")
-    for key, label in (("cpu_us", "CPU per request (us; x direct)"), ("stream_cpu_us", "CPU per stream (us; x direct)")):
+    for key, label in (("c1_cpu_us", "CPU per request, c=1 (us; x direct)"), ("cpu_us", "CPU per request (us; x direct)"),
+                       ("stream_cpu_us", "CPU per stream (us; x direct)")):
         cells = [f"{med(t, key):.0f} ({per_round(t, lambda g, d, k=key: g[k] / d[k]):.1f}x)" for t in relays]
         print(f"| {label} | {med(direct, key):.0f} | {' | '.join(cells)} | |")
     ds = streams["direct"]
