@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,12 +25,23 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 180.0
 
 
+def listening_socket() -> socket.socket:
+    """A socket bound to a free loopback port now, for uvicorn's `serve(sockets=[...])`: the port is held from
+    the start, so the engines the app's lifespan starts (minutes for vLLM, with ports of their own) cannot take
+    it before uvicorn binds, as they could with `free_port()` then a bind after the lifespan."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
 @asynccontextmanager
 async def app_server(app: ASGIApp) -> AsyncIterator[str]:
     """Serve `app` with uvicorn on a free port in this event loop; yields its URL (http://127.0.0.1:PORT)."""
-    port = free_port()
+    sock = listening_socket()
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         assert not task.done(), "the gateway failed to start"
         await asyncio.sleep(0.02)

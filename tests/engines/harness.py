@@ -9,23 +9,24 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from adapters.process import free_port
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.runtime import Runtime
+from tests.gateway_process import listening_socket
 
 
 @contextmanager
 def running_gateway(settings: Settings, runtime: Runtime | None = None) -> Iterator[str]:
     """Start the gateway (engines included, by the app's lifespan); yield its /v1 base URL; stop it."""
-    port = free_port()
+    sock = listening_socket()  # held from now: the engines the lifespan starts cannot take the port
+    port = sock.getsockname()[1]
     app = create_app(settings, runtime)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     failure: list[BaseException] = []
 
     def serve() -> None:
         try:
-            asyncio.run(server.serve())
+            asyncio.run(server.serve(sockets=[sock]))
         except BaseException as exc:  # reported to the test below
             failure.append(exc)
 
