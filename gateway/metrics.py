@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 import platform
-from bisect import bisect_left
 import time
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -183,12 +183,17 @@ class TracedHistogram(Histogram):
         buckets = self._buckets  # prometheus_client's non-cumulative per-bucket values
         bounds = self._upper_bounds  # ends with +Inf, so every value has a bucket
         counts: dict[int, int] = {}
+        total = 0.0
         for amount in amounts:
+            if amount != amount:  # NaN: prometheus_client's own (the sum, no bucket), as observe does
+                _observe(self, amount, None)
+                continue
             index = bisect_left(bounds, amount)  # the first bound with amount <= bound, as observe finds it
             counts[index] = counts.get(index, 0) + 1
+            total += amount
         for index, count in counts.items():
             buckets[index].inc(count)
-        self._sum.inc(sum(amounts))
+        self._sum.inc(total)
 
 
 def route_label(path: str) -> str:

@@ -84,6 +84,23 @@ def test_our_observe_and_observe_all_record_what_prometheus_clients_observe_reco
         one.observe(1.0)  # the family, not a child: prometheus_client's own refusal
 
 
+def test_nan_is_counted_in_no_bucket_by_observe_and_observe_all_as_by_prometheus_client() -> None:
+    import math
+
+    registry = CollectorRegistry()
+    made = [cls(f"h{i}_seconds", "h", ["model"], buckets=(0.1, 1.0), registry=registry)
+            for i, cls in enumerate((prometheus_client.Histogram, TracedHistogram, TracedHistogram))]
+    made[0].labels("m").observe(0.5)
+    made[0].labels("m").observe(float("nan"))
+    made[1].labels("m").observe(0.5)
+    made[1].labels("m").observe(float("nan"))
+    made[2].labels("m").observe_all([0.5, float("nan")])
+    buckets = [[(s.labels["le"], s.value) for s in f.samples if s.name.endswith("_bucket")] for f in registry.collect()]
+    sums = [next(s.value for s in f.samples if s.name.endswith("_sum")) for f in registry.collect()]
+    assert buckets[0] == buckets[1] == buckets[2] and buckets[0][-1] == ("+Inf", 1.0)
+    assert all(math.isnan(total) for total in sums)
+
+
 async def test_a_relayed_read_with_several_events_marks_all_but_its_last() -> None:
     body = b"".join(b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": {"content": w}}]}) + b"\n\n"
                     for w in ("a", "b", "c")) + b"data: [DONE]\n\n"
