@@ -7,9 +7,9 @@
     then the server exits (uvicorn closes connections, the lifespan stops the engines).
 
 Concurrency rule: everything runs on the event loop. A request that may have to be ended
-registers its task (`register`, then `unregister` when done); at expiry the drain cancels those tasks, and the code that
-catches the CancelledError asks `ending()` whether it was the drain (then it uncancels itself
-and finishes its response) or a real cancellation (then it re-raises).
+registers its task (`register`, then `unregister` when done); at expiry the drain cancels those
+tasks, and the code that catches the CancelledError asks `ending()` whether it was the drain (then
+it uncancels itself and finishes its response) or a real cancellation (then it re-raises).
 """
 
 from __future__ import annotations
